@@ -1,0 +1,62 @@
+"""Every ``SHMCOLL_*`` environment variable, parsed once. Documented in README.md."""
+import os
+from dataclasses import dataclass, fields
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def _bytes(text: str) -> int:
+    """Parse '4096', '256K', '1M', '2G' (binary units)."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": KiB, "M": MiB, "G": 1024 * MiB}.get(text[-1:], 1)
+    return int(float(text.rstrip("KMG")) * scale)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Effective tuning and placement settings (see README.md, "Environment variables")."""
+
+    shm_dir: str = "/dev/shm"
+    chunk_bytes: int = 512 * KiB
+    small_bytes: int = 64 * KiB
+    spin_us: float | None = None
+    yield_us: float | None = None
+    hostid: str | None = None
+
+    @property
+    def oversubscribed_hint(self) -> str:
+        return "SHMCOLL_SPIN_US / SHMCOLL_YIELD_US"
+
+
+_PARSERS = {
+    "shm_dir": ("SHMCOLL_SHM_DIR", str),
+    "chunk_bytes": ("SHMCOLL_CHUNK_BYTES", _bytes),
+    "small_bytes": ("SHMCOLL_SMALL_BYTES", _bytes),
+    "spin_us": ("SHMCOLL_SPIN_US", float),
+    "yield_us": ("SHMCOLL_YIELD_US", float),
+    "hostid": ("SHMCOLL_HOSTID", str),
+}
+
+
+def read_settings(environ=os.environ) -> Settings:
+    """Build Settings from the environment; a malformed value names its variable."""
+    values = {}
+    for field in fields(Settings):
+        name, parse = _PARSERS[field.name]
+        raw = environ.get(name)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[field.name] = parse(raw)
+        except ValueError:
+            raise ValueError(f"{name}={raw!r} is not a valid value") from None
+    settings = Settings(**values)
+    if settings.chunk_bytes < 4 * KiB or settings.chunk_bytes % 64:
+        raise ValueError(f"SHMCOLL_CHUNK_BYTES={settings.chunk_bytes} must be a multiple of 64, at least 4096")
+    return settings
+
+
+def variables() -> dict[str, str | None]:
+    """The SHMCOLL_* variables and their raw values in this process (for diagnostics)."""
+    return {name: os.environ.get(name) for name, _ in _PARSERS.values()}

@@ -1,0 +1,25 @@
+"""Registers the ``shm`` backend name with torch.distributed, once."""
+import threading
+
+BACKEND_NAME = "shm"
+_lock = threading.Lock()
+
+
+def register_backend() -> bool:
+    """Register ``shm`` (CPU) with torch.distributed; idempotent. False if unavailable."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return False
+    with _lock:
+        if BACKEND_NAME.upper() in dist.Backend.backend_list or hasattr(dist.Backend, BACKEND_NAME.upper()):
+            return True
+        dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu"])
+    return True
+
+
+def _create_process_group(store, rank, world_size, timeout):
+    # Imported here so registration never pays for NumPy, Numba or the extension.
+    from shmcoll.backend import ProcessGroupShm
+
+    return ProcessGroupShm(store, rank, world_size, timeout)

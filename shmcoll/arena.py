@@ -1,0 +1,234 @@
+"""The shared arena: one segment per (process group, node), its layout and lifecycle.
+
+Terms:
+  slot     ``chunk_bytes`` of the segment owned by one local rank in one buffer;
+           only its owner writes it.
+  buffer   L slots, one per local rank, laid out back to back. There are two;
+           step s uses buffer s % 2, so data of step s+1 can be written while
+           slower peers still read step s (no trailing barrier).
+  step     see ``_sync``: each rank's published sequence number. Posting step s
+           means "my data for s is in my slot and I finished every read of
+           steps < s". Hence a rank may write buffer s % 2 once all peers have
+           reached s - 1.
+  chunk    the part of a large message handled in one step or step pair; at
+           most ``chunk_bytes`` per rank, small enough to stay in cache.
+
+Lifecycle: the lowest local rank creates the segment exclusively (mode 0600,
+random name, space reserved), publishes its name through the group's store,
+and unlinks it once every local rank has mapped it; ``open_arena`` returns on
+no rank before the name is gone, so nothing can leak after that point.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import time
+from datetime import timedelta
+
+import numpy as np
+
+from shmcoll import _segment, _sync
+from shmcoll.errors import CollectiveError, PeerDiedError, PeerTimeoutError
+
+MAGIC = 0x314C4C4F434D4853  # "SHMCOLL1" little-endian
+HEADER_BYTES = 256
+LINE_BYTES = _sync.LINE_BYTES
+PID_OFFSET = 16  # int32 in each control line
+PAGE = 4096
+NAME_PREFIX = "shmcoll-"
+
+# How long one wait call may block before Python checks deadline and liveness.
+_SLICE_NS = 100_000_000
+
+
+def arena_bytes(local_size: int, chunk_bytes: int) -> int:
+    """Total segment size for ``local_size`` ranks with ``chunk_bytes`` slots."""
+    return _data_offset(local_size) + 2 * local_size * chunk_bytes
+
+
+def _data_offset(local_size: int) -> int:
+    control_end = HEADER_BYTES + local_size * LINE_BYTES
+    return (control_end + PAGE - 1) // PAGE * PAGE
+
+
+class Arena:
+    """This rank's handle on the node's shared segment: slots, steps and waits."""
+
+    def __init__(self, segment, local_rank: int, local_size: int, chunk_bytes: int,
+                 timeout: timedelta, spin_ns: int, yield_ns: int, ranks: list[int]):
+        self.segment = segment
+        self.local_rank = local_rank
+        self.local_size = local_size
+        self.chunk_bytes = chunk_bytes
+        self.timeout_s = timeout.total_seconds()
+        self.spin_ns = spin_ns
+        self.yield_ns = yield_ns
+        self.ranks = ranks  # group rank of each local rank, for messages
+        base = segment.address
+        self.lines = base + HEADER_BYTES
+        self.data = base + _data_offset(local_size)
+        self.buffer_bytes = local_size * chunk_bytes
+        self.step = 0  # last step this rank posted
+        self.all_reached = 0  # highest step every local rank is known to have reached
+        self._raw = np.frombuffer(segment, dtype=np.uint8)
+        self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
+        self._line_words = self._raw[HEADER_BYTES:HEADER_BYTES + local_size * LINE_BYTES].view(np.int32)
+        self._describe = None  # set by the caller: step -> text naming the collective
+
+    # -- layout --------------------------------------------------------------
+
+    def slot(self, buffer: int, local_rank: int) -> int:
+        """Address of ``local_rank``'s slot in ``buffer``."""
+        return self.data + buffer * self.buffer_bytes + local_rank * self.chunk_bytes
+
+    def rows(self, buffer: int, dtype: np.dtype) -> np.ndarray:
+        """``buffer`` as a (local_size, chunk elements) array of ``dtype``; row r is rank r's slot."""
+        view = self._views.get((buffer, dtype))
+        if view is None:
+            start = self.data - self.segment.address + buffer * self.buffer_bytes
+            view = self._raw[start:start + self.buffer_bytes].view(dtype).reshape(self.local_size, -1)
+            self._views[(buffer, dtype)] = view
+        return view
+
+    # -- steps ---------------------------------------------------------------
+
+    def begin_write(self) -> int:
+        """The step about to be posted, once its buffer is free to overwrite."""
+        step = self.step + 1
+        if self.all_reached < step - 1:
+            self.wait_all(step - 1)
+        return step
+
+    def post(self, step: int, desc: int) -> None:
+        """Publish ``step`` with the descriptor of the collective it belongs to."""
+        self.step = step
+        _sync.post(self.lines, self.local_rank, step & 0xFFFFFFFF, desc)
+
+    def wait_all(self, step: int) -> None:
+        """Block until every local rank has reached ``step``."""
+        behind = _sync.wait_ranks(self.lines, 0, self.local_size, self.local_rank, step & 0xFFFFFFFF,
+                                  self.spin_ns, self.yield_ns, _SLICE_NS)
+        if behind >= 0:
+            self._wait_slow(range(self.local_size), step)
+        if step > self.all_reached:
+            self.all_reached = step
+
+    def wait_rank(self, local_rank: int, step: int) -> None:
+        """Block until ``local_rank`` has reached ``step``."""
+        if not _sync.wait_rank(self.lines, local_rank, step & 0xFFFFFFFF,
+                               self.spin_ns, self.yield_ns, _SLICE_NS):
+            self._wait_slow((local_rank,), step)
+
+    def check_same_collective(self, step: int, desc: int, among=None) -> None:
+        """Raise if a peer published ``step`` for a different collective than ours."""
+        first, stop = (0, self.local_size) if among is None else (among, among + 1)
+        other = _sync.first_mismatch(self.lines, first, stop, step & 0xFFFFFFFF, desc)
+        if other >= 0:
+            from shmcoll.ops import describe_desc
+
+            raise CollectiveError(
+                f"mismatched collectives: rank {self.ranks[self.local_rank]} called "
+                f"{describe_desc(desc)} but rank {self.ranks[other]} called "
+                f"{describe_desc(_sync.load_desc(self.lines, other))} at the same point"
+            )
+
+    def _wait_slow(self, local_ranks, step: int) -> None:
+        """Keep waiting in slices, checking the deadline and whether peers are alive."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            behind = [r for r in local_ranks if r != self.local_rank
+                      and not _reached(_sync.load_step(self.lines, r), step)]
+            if not behind:
+                return
+            dead = [r for r in behind if not _sync.process_alive(self.pid(r))]
+            what = self._describe(step) if self._describe else f"step {step}"
+            if dead:
+                raise PeerDiedError(
+                    f"rank(s) {_names(self.ranks, dead)} died (process exited) before reaching {what}; "
+                    f"rank {self.ranks[self.local_rank]} was waiting for them"
+                )
+            if time.monotonic() >= deadline:
+                arrived = [r for r in range(self.local_size) if r not in behind]
+                raise PeerTimeoutError(
+                    f"rank(s) {_names(self.ranks, behind)} did not reach {what} within "
+                    f"{self.timeout_s:g} s; rank(s) {_names(self.ranks, arrived)} reached it"
+                )
+            _sync.wait_ranks(self.lines, min(behind), max(behind) + 1, self.local_rank, step & 0xFFFFFFFF,
+                             0, 0, _SLICE_NS)
+
+    def pid(self, local_rank: int) -> int:
+        """Process id that ``local_rank`` recorded in its control line."""
+        return int(self._line_words[(local_rank * LINE_BYTES + PID_OFFSET) // 4])
+
+    def _record_pid(self) -> None:
+        self._line_words[(self.local_rank * LINE_BYTES + PID_OFFSET) // 4] = os.getpid()
+
+    def close(self) -> None:
+        """Drop this rank's mapping (views first, so the unmap happens now)."""
+        self._views.clear()
+        self._raw = self._line_words = None
+        self.segment.close()
+
+
+def _reached(seen: int, target: int) -> bool:
+    return ((seen - target) & 0xFFFFFFFF) < 0x80000000
+
+
+def _names(ranks: list[int], local_ranks) -> str:
+    return ", ".join(str(ranks[r]) for r in sorted(local_ranks))
+
+
+def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settings, timeout: timedelta,
+               spin_ns: int, yield_ns: int, key: str = "shmcoll/arena") -> Arena:
+    """Create (lowest local rank) or attach the node's segment; returns once it is unlinked."""
+    size = arena_bytes(local_size, settings.chunk_bytes)
+    if local_rank == 0:
+        segment = _create_unique(settings.shm_dir, size, local_size)
+        try:
+            _init_header(segment, local_size, settings.chunk_bytes)
+            store.set(key, os.path.basename(segment.path))
+            if local_size > 1:
+                store.wait([f"{key}/mapped"], timeout)
+        finally:
+            _segment.unlink_path(segment.path)
+        store.set(f"{key}/unlinked", "1")
+    else:
+        store.wait([key], timeout)
+        name = store.get(key).decode()
+        segment = _segment.attach(os.path.join(settings.shm_dir, name), size)
+        if store.add(f"{key}/count", 1) == local_size - 1:
+            store.set(f"{key}/mapped", "1")
+        store.wait([f"{key}/unlinked"], timeout)
+    arena = Arena(segment, local_rank, local_size, settings.chunk_bytes, timeout, spin_ns, yield_ns, ranks)
+    arena._record_pid()
+    return arena
+
+
+def _create_unique(directory: str, size: int, local_size: int):
+    """Create a segment under a fresh unguessable name; never reuse an existing file."""
+    for _ in range(16):
+        path = os.path.join(directory, f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
+        try:
+            return _segment.create(path, size)
+        except FileExistsError:
+            continue
+        except OSError as error:
+            if error.errno == errno.ENOSPC:
+                raise OSError(
+                    error.errno,
+                    f"{error.strerror}. The shm arena for {local_size} local ranks needs {size} bytes; "
+                    f"lower SHMCOLL_CHUNK_BYTES (now {(size - _data_offset(local_size)) // (2 * local_size)}) "
+                    f"to shrink it, point SHMCOLL_SHM_DIR at a larger tmpfs, or enlarge /dev/shm "
+                    f"(docker run --shm-size=...)",
+                ) from None
+            raise
+    raise FileExistsError(f"could not find a free segment name in {directory}")
+
+
+def _init_header(segment, local_size: int, chunk_bytes: int) -> None:
+    header = np.frombuffer(segment, dtype=np.uint64, count=HEADER_BYTES // 8)
+    header[0] = MAGIC
+    header[1] = local_size
+    header[2] = chunk_bytes
+    del header

@@ -1,0 +1,17 @@
+"""Exceptions raised by the shm backend; all are RuntimeErrors, as torch's own are."""
+
+
+class ShmcollError(RuntimeError):
+    """Base class of every error shmcoll raises on purpose."""
+
+
+class CollectiveError(ShmcollError):
+    """Ranks disagree on the collective they are running (kind, op, dtype, count or root)."""
+
+
+class PeerDiedError(ShmcollError):
+    """A rank this one was waiting for has exited."""
+
+
+class PeerTimeoutError(ShmcollError, TimeoutError):
+    """Ranks did not reach a collective within the group's timeout."""

@@ -1,0 +1,111 @@
+"""Dtype and reduce-op tables, and the descriptor every collective stamps on its steps.
+
+Half-precision tensors travel as raw 16-bit patterns (NumPy has no bfloat16);
+the kernels know which format the bits are in.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch.distributed import ReduceOp
+
+
+class DType(NamedTuple):
+    name: str  # kernel name in shmcoll.kernels
+    numpy: np.dtype  # element type of arena views and kernel arrays
+    code: int  # small integer for descriptors
+
+
+_DTYPE_LIST = [
+    (torch.float32, "float32", np.float32),
+    (torch.float64, "float64", np.float64),
+    (torch.float16, "float16", np.uint16),
+    (torch.bfloat16, "bfloat16", np.uint16),
+    (torch.int8, "int8", np.int8),
+    (torch.int16, "int16", np.int16),
+    (torch.int32, "int32", np.int32),
+    (torch.int64, "int64", np.int64),
+    (torch.uint8, "uint8", np.uint8),
+    (torch.bool, "bool", np.bool_),
+]
+DTYPES: dict[torch.dtype, DType] = {
+    t: DType(name, np.dtype(npt), code) for code, (t, name, npt) in enumerate(_DTYPE_LIST, start=1)
+}
+_DTYPE_BY_CODE = {d.code: d.name for d in DTYPES.values()}
+# Data movement (broadcast, gather, ...) is dtype-agnostic: any CPU dtype moves as bytes.
+
+
+class Op(NamedTuple):
+    name: str
+    kernel: int  # shmcoll.kernels op code
+    average: bool  # divide the sum by the number of contributions
+    code: int
+
+
+def _op_table():
+    from shmcoll import kernels as k  # noqa: PLC0415 (kernels import Numba: keep it lazy)
+
+    R = ReduceOp.RedOpType
+    table = [
+        (R.SUM, "sum", k.SUM, False),
+        (R.PRODUCT, "product", k.PRODUCT, False),
+        (R.MIN, "min", k.MIN, False),
+        (R.MAX, "max", k.MAX, False),
+        (R.BAND, "band", k.BAND, False),
+        (R.BOR, "bor", k.BOR, False),
+        (R.BXOR, "bxor", k.BXOR, False),
+        (R.AVG, "avg", k.SUM, True),
+    ]
+    return {t: Op(name, kern, avg, code) for code, (t, name, kern, avg) in enumerate(table, start=1)}
+
+
+_OPS: dict | None = None
+_OP_NAME_BY_CODE: dict[int, str] = {}
+
+
+def reduce_op(redop, dtype: torch.dtype) -> tuple[Op, DType]:
+    """Resolve (torch ReduceOp, dtype) to kernel terms, or raise a clear error."""
+    global _OPS
+    if _OPS is None:
+        _OPS = _op_table()
+        _OP_NAME_BY_CODE.update({o.code: o.name for o in _OPS.values()})
+    op = _OPS.get(redop.op if isinstance(redop, ReduceOp) else redop)
+    if op is None:
+        raise ValueError(f"shm backend does not support reduce op {redop}")
+    dt = DTYPES.get(dtype)
+    if dt is None:
+        raise TypeError(f"shm backend cannot reduce tensors of dtype {dtype}; "
+                        f"supported: {', '.join(str(t) for t in DTYPES)}")
+    from shmcoll import kernels
+
+    if not kernels.supports(dt.name, op.kernel) or (op.average and not dtype.is_floating_point):
+        raise ValueError(f"reduce op {op.name.upper()} is not defined for {dtype} tensors")
+    return op, dt
+
+
+# Collective kinds, for descriptors and messages.
+BARRIER, ALLREDUCE, BROADCAST, ALLGATHER = 1, 2, 3, 4
+KIND_NAMES = {BARRIER: "barrier", ALLREDUCE: "all_reduce", BROADCAST: "broadcast", ALLGATHER: "all_gather"}
+
+
+def descriptor(kind: int, count: int = 0, dtype_code: int = 0, op_code: int = 0, root: int = 0) -> int:
+    """Pack what identifies a collective into 64 bits: kind 6, op 4, dtype 5, root 15, count 34."""
+    return (kind | op_code << 6 | dtype_code << 10 | (root & 0x7FFF) << 15
+            | (count & 0x3FFFFFFFF) << 30)
+
+
+def describe_desc(desc: int) -> str:
+    """Human text for a descriptor, e.g. 'all_reduce(sum, float32, 4096 elements)'."""
+    kind = KIND_NAMES.get(desc & 0x3F, f"collective #{desc & 0x3F}")
+    op = _OP_NAME_BY_CODE.get(desc >> 6 & 0xF)
+    dtype = _DTYPE_BY_CODE.get(desc >> 10 & 0x1F)
+    root = desc >> 15 & 0x7FFF
+    count = desc >> 30
+    parts = [p for p in (op, dtype) if p]
+    if kind == "broadcast":
+        parts.append(f"root {root}")
+    if kind != "barrier":
+        parts.append(f"{count} {'elements' if dtype else 'bytes'}")
+    return f"{kind}({', '.join(parts)})"

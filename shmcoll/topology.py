@@ -1,0 +1,42 @@
+"""Which ranks of a group share a node, learned through the group's store."""
+from __future__ import annotations
+
+import socket
+from typing import NamedTuple
+
+
+class Topology(NamedTuple):
+    nodes: list[list[int]]  # group ranks per node, nodes ordered by their lowest rank
+    node: int  # index of this rank's node in ``nodes``
+
+    @property
+    def local_ranks(self) -> list[int]:
+        return self.nodes[self.node]
+
+    @property
+    def single_node(self) -> bool:
+        return len(self.nodes) == 1
+
+
+def host_identity(override: str | None) -> str:
+    """``SHMCOLL_HOSTID`` if set, else hostname plus kernel boot id (like NCCL_HOSTID)."""
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}:{boot}"
+
+
+def discover(store, rank: int, size: int, hostid: str) -> Topology:
+    """Publish our host identity and group ranks by identical identities."""
+    store.set(f"shmcoll/host/{rank}", hostid)
+    keys = [f"shmcoll/host/{r}" for r in range(size)]
+    ids = [value.decode() for value in store.multi_get(keys)]
+    nodes: dict[str, list[int]] = {}
+    for r, ident in enumerate(ids):
+        nodes.setdefault(ident, []).append(r)
+    ordered = sorted(nodes.values(), key=lambda ranks: ranks[0])
+    return Topology(ordered, next(i for i, ranks in enumerate(ordered) if rank in ranks))
