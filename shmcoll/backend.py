@@ -23,11 +23,17 @@ from shmcoll.work import CompletedWork
 
 
 def _wait_policy(settings, local_size: int) -> tuple[int, int]:
-    """Spin and yield budgets (ns): spin when every rank has a core, yield sooner when not."""
+    """Spin and yield budgets (ns) of every wait.
+
+    A pure spin reacts fastest but holds the core; a sched_yield loop is almost
+    as quick when the core is otherwise idle and hands the core over when a
+    peer (or anything else) is runnable on it. So: a short spin, unless local
+    ranks outnumber cores, then yields, then the futex sleep.
+    """
     cores = len(os.sched_getaffinity(0))
     oversubscribed = local_size > cores
-    spin_us = settings.spin_us if settings.spin_us is not None else (2.0 if oversubscribed else 50.0)
-    yield_us = settings.yield_us if settings.yield_us is not None else (200.0 if oversubscribed else 1000.0)
+    spin_us = settings.spin_us if settings.spin_us is not None else (0.0 if oversubscribed else 20.0)
+    yield_us = settings.yield_us if settings.yield_us is not None else (200.0 if oversubscribed else 500.0)
     return int(spin_us * 1000), int(yield_us * 1000)
 
 
@@ -121,7 +127,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         self._begin(ops.descriptor(ops.ALLREDUCE, count, dtype.code, op.code))
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
         itemsize = work.element_size()
-        scale = 1.0 / self._size if op.average else 1.0
+        scale = float(self._size) if op.average else 1.0
         arena = self._arena
         plan = (_allreduce.one_shot
                 if count * itemsize <= min(self._settings.small_bytes, arena.chunk_bytes)

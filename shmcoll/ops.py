@@ -40,7 +40,7 @@ _DTYPE_BY_CODE = {d.code: d.name for d in DTYPES.values()}
 class Op(NamedTuple):
     name: str
     kernel: int  # shmcoll.kernels op code
-    average: bool  # divide the sum by the number of contributions
+    average: bool  # the kernel divides the sum by its ``scale`` argument (the rank count)
     code: int
 
 
@@ -56,7 +56,7 @@ def _op_table():
         (R.BAND, "band", k.BAND, False),
         (R.BOR, "bor", k.BOR, False),
         (R.BXOR, "bxor", k.BXOR, False),
-        (R.AVG, "avg", k.SUM, True),
+        (R.AVG, "avg", k.AVG, True),
     ]
     return {t: Op(name, kern, avg, code) for code, (t, name, kern, avg) in enumerate(table, start=1)}
 
@@ -80,7 +80,7 @@ def reduce_op(redop, dtype: torch.dtype) -> tuple[Op, DType]:
                         f"supported: {', '.join(str(t) for t in DTYPES)}")
     from shmcoll import kernels
 
-    if not kernels.supports(dt.name, op.kernel) or (op.average and not dtype.is_floating_point):
+    if not kernels.supports(dt.name, op.kernel):
         raise ValueError(f"reduce op {op.name.upper()} is not defined for {dtype} tensors")
     return op, dt
 

@@ -1,0 +1,27 @@
+"""all_reduce, broadcast, all_gather and barrier on shm at world sizes 1-4."""
+import pytest
+
+from tests.harness import assert_job_passes, shm_entries, spawn
+
+# A 4 KiB chunk reaches the multi-chunk paths of every collective with small inputs.
+SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("config", ["default", "small_chunks"])
+def test_all_reduce_matrix(world_size, config):
+    before = shm_entries()
+    env = SMALL_CHUNKS if config == "small_chunks" else {}
+    # 300001 elements exceed the default 512 KiB chunk for every dtype wider than one byte.
+    big = "5003" if config == "small_chunks" else "300001"
+    result = spawn("tests.scenarios:allreduce_matrix", world_size, env=env, args=[big])
+    assert_job_passes(result, min_cases=300)
+    assert shm_entries() - before == set()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_data_movement(world_size):
+    before = shm_entries()
+    result = spawn("tests.scenarios:data_movement", world_size, env=SMALL_CHUNKS)
+    assert_job_passes(result, min_cases=40)
+    assert shm_entries() - before == set()

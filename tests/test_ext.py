@@ -1,0 +1,158 @@
+"""The Cython layer alone: segments, process-shared waits, copies."""
+import errno
+import multiprocessing as mp
+import os
+import stat
+import time
+
+import numpy as np
+import pytest
+
+from shmcoll import _copy, _segment, _sync
+
+SHM = "/dev/shm"
+
+
+def _path(tag):
+    return os.path.join(SHM, f"shmcoll-test-{os.getpid()}-{tag}")
+
+
+def test_create_is_exclusive_private_and_reserved():
+    path = _path("create")
+    seg = _segment.create(path, 1 << 20)
+    try:
+        info = os.stat(path)
+        assert stat.S_IMODE(info.st_mode) == 0o600
+        assert info.st_blocks * 512 >= 1 << 20  # posix_fallocate reserved the pages
+        with pytest.raises(FileExistsError):
+            _segment.create(path, 4096)
+        view = np.frombuffer(seg, dtype=np.uint8)
+        view[:3] = [1, 2, 3]
+        other = _segment.attach(path, 1 << 20)
+        assert list(np.frombuffer(other, dtype=np.uint8)[:3]) == [1, 2, 3]
+        other.close()
+    finally:
+        _segment.unlink_path(path)
+    assert not os.path.exists(path)
+    view[3] = 4  # still mapped after unlink
+    assert view[3] == 4
+
+
+def test_create_refuses_a_symlink():
+    target, link = _path("target"), _path("link")
+    os.symlink(target, link)
+    try:
+        with pytest.raises(FileExistsError):
+            _segment.create(link, 4096)
+        assert not os.path.exists(target)
+    finally:
+        os.unlink(link)
+
+
+def test_full_filesystem_is_a_clear_error_and_leaves_nothing():
+    path = _path("huge")
+    too_big = _segment.free_bytes(SHM) + (1 << 30)
+    with pytest.raises(OSError) as info:
+        _segment.create(path, too_big)
+    assert info.value.errno == errno.ENOSPC
+    assert str(too_big) in str(info.value) and "free" in str(info.value)
+    assert not os.path.exists(path)
+
+
+def test_attach_checks_size():
+    path = _path("small")
+    seg = _segment.create(path, 4096)
+    try:
+        with pytest.raises(OSError, match="holds 4096 bytes"):
+            _segment.attach(path, 8192)
+    finally:
+        _segment.unlink_path(path)
+        seg.close()
+
+
+def test_close_waits_for_exported_buffers():
+    path = _path("close")
+    seg = _segment.create(path, 4096)
+    _segment.unlink_path(path)
+    view = np.frombuffer(seg, dtype=np.uint8)
+    seg.close()
+    assert seg.closed
+    view[0] = 7  # the mapping lives until the view is gone
+    assert view[0] == 7
+    with pytest.raises(ValueError):
+        np.frombuffer(seg, dtype=np.uint8)
+    del view
+
+
+def test_copy_and_strided_copy():
+    src = np.arange(1 << 18, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    _copy.copy(dst.ctypes.data, src.ctypes.data, src.nbytes)
+    assert np.array_equal(src, dst)
+    grid = np.zeros((3, 10), dtype=np.uint8)
+    _copy.copy_strided(grid.ctypes.data + 2, 10, src.ctypes.data, 100, 5, 3)
+    assert grid[1, 2:7].tolist() == src[100:105].tolist()
+    assert grid[:, :2].sum() == 0 and grid[:, 7:].sum() == 0
+
+
+def _poster(path, delay, step):
+    seg = _segment.attach(path, 4096)
+    time.sleep(delay)
+    _sync.post(seg.address, 1, step, 1234)
+    seg.close()
+
+
+@pytest.mark.parametrize("spin_ns,yield_ns", [(10**9, 0), (0, 10**9), (0, 0)])
+def test_wait_wakes_on_post_from_another_process(spin_ns, yield_ns):
+    """Spin, yield and futex-sleep phases each see a post from another process promptly."""
+    path = _path("wait")
+    seg = _segment.create(path, 4096)
+    try:
+        proc = mp.get_context("fork").Process(target=_poster, args=(path, 0.2, 5))
+        proc.start()
+        start = time.monotonic()
+        behind = _sync.wait_ranks(seg.address, 0, 2, 0, 5, spin_ns, yield_ns, 5 * 10**9)
+        elapsed = time.monotonic() - start
+        proc.join()
+        assert behind == -1
+        assert 0.15 < elapsed < 2.0, elapsed
+        assert _sync.load_step(seg.address, 1) == 5 and _sync.load_desc(seg.address, 1) == 1234
+    finally:
+        _segment.unlink_path(path)
+        seg.close()
+
+
+def test_wait_slice_expires_and_names_the_rank():
+    path = _path("slice")
+    seg = _segment.create(path, 4096)
+    try:
+        _sync.post(seg.address, 1, 3, 0)
+        start = time.monotonic()
+        assert _sync.wait_ranks(seg.address, 0, 3, 0, 3, 0, 0, 50_000_000) == 2  # rank 2 is behind
+        assert 0.04 < time.monotonic() - start < 1.0
+        assert _sync.wait_rank(seg.address, 1, 3, 0, 0, 1000)
+        assert _sync.first_mismatch(seg.address, 0, 3, 3, 99) == 1
+        assert _sync.first_mismatch(seg.address, 0, 3, 3, 0) == -1
+    finally:
+        _segment.unlink_path(path)
+        seg.close()
+
+
+def test_steps_wrap_around():
+    path = _path("wrap")
+    seg = _segment.create(path, 4096)
+    try:
+        _sync.post(seg.address, 1, 2, 0)  # 2**32 + 2 as seen through 32 bits
+        assert _sync.wait_rank(seg.address, 1, 0xFFFFFFFF, 0, 0, 1000)
+        assert not _sync.wait_rank(seg.address, 1, 3, 0, 0, 1000)
+    finally:
+        _segment.unlink_path(path)
+        seg.close()
+
+
+def test_process_alive():
+    assert _sync.process_alive(os.getpid())
+    proc = mp.get_context("fork").Process(target=time.sleep, args=(0,))
+    proc.start()
+    proc.join()
+    assert not _sync.process_alive(proc.pid)

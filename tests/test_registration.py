@@ -1,0 +1,37 @@
+"""The torch entry point: 'shm' exists after `import torch` alone, cheaply and idempotently."""
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.harness import REPO, free_port, shm_entries
+
+
+def _python(code):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          cwd="/", timeout=120)
+
+
+def test_import_torch_registers_shm_without_loading_heavy_modules():
+    out = _python("""
+        import sys, torch, torch.distributed as dist
+        assert "shm" in dist.Backend.backend_list, dist.Backend.backend_list
+        heavy = [m for m in ("numba", "shmcoll.backend", "shmcoll._segment", "shmcoll.kernels") if m in sys.modules]
+        assert not heavy, heavy
+        import shmcoll
+        assert shmcoll.register_backend() and shmcoll.register_backend()  # idempotent
+        print("ok")
+    """)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_torchrun_script_without_import_of_shmcoll():
+    """The acceptance script: only torch, init_process_group("shm"), all_reduce, at 3 ranks."""
+    script = os.path.join(REPO, "tests", "_plain_script.py")
+    before = shm_entries()
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3", "--master_port", str(free_port()),
+         script], capture_output=True, text=True, timeout=300, cwd="/")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("all_reduce ok") == 3, out.stdout + out.stderr
+    assert shm_entries() - before == set()
