@@ -1,7 +1,9 @@
 """ProcessGroupShm: the torch.distributed surface of the shm backend.
 
 Every method opens the same way: check the arguments, take the single-rank
-shortcut, then hand raw addresses to one algorithm in ``shmcoll.algorithms``.
+shortcut, then hand raw addresses to one algorithm in ``shmcoll.algorithms``,
+run in issue order by the group's ProgressEngine (inline when synchronous and
+nothing is queued; on the progress thread otherwise).
 """
 from __future__ import annotations
 
@@ -15,11 +17,18 @@ from shmcoll import kernels, ops, topology
 from shmcoll._env import read_settings
 from shmcoll.algorithms import allgather as _allgather
 from shmcoll.algorithms import allreduce as _allreduce
+from shmcoll.algorithms import alltoall as _alltoall
 from shmcoll.algorithms import barrier as _barrier
 from shmcoll.algorithms import broadcast as _broadcast
+from shmcoll.algorithms import gather as _gather
+from shmcoll.algorithms import reduce as _reduce
+from shmcoll.algorithms import reduce_scatter as _reduce_scatter
+from shmcoll.algorithms import scatter as _scatter
 from shmcoll.arena import open_arena
 from shmcoll.errors import ShmcollError
-from shmcoll.work import CompletedWork
+from shmcoll.work import CompletedWork, ProgressEngine
+
+_COMPLEX_OPS = {dist.ReduceOp.RedOpType.SUM, dist.ReduceOp.RedOpType.AVG, dist.ReduceOp.RedOpType.PREMUL_SUM}
 
 
 def _wait_policy(settings, local_size: int) -> tuple[int, int]:
@@ -37,6 +46,30 @@ def _wait_policy(settings, local_size: int) -> tuple[int, int]:
     return int(spin_us * 1000), int(yield_us * 1000)
 
 
+def _check_tensor(tensor, what: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"{what}: the shm backend handles CPU tensors only, got a tensor on {tensor.device}; "
+                         f"use init_process_group('cpu:shm,cuda:nccl') to route device tensors elsewhere")
+    if tensor.layout != torch.strided:
+        raise ValueError(f"{what}: the shm backend handles dense tensors only, got layout {tensor.layout}")
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _staged(tensor):
+    """A contiguous tensor with ``tensor``'s values: itself, or a copy to write back after."""
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def _unstage(tensor, staged) -> None:
+    if staged is not tensor:
+        tensor.copy_(staged)
+
+
 class ProcessGroupShm(dist.ProcessGroup):
     """CPU collectives through a shared-memory arena per node."""
 
@@ -49,9 +82,10 @@ class ProcessGroupShm(dist.ProcessGroup):
         self._error: BaseException | None = None
         self._arena = None
         self._gloo = None
-        self._seq = 0  # collectives issued on this group, for messages
+        self._seq = 0  # collectives started on this group, for messages
         self._desc = 0  # descriptor of the collective in progress
         self._reducers: dict[str, object] = {}
+        self._engine = ProgressEngine(f"rank{rank}")
         # Load every kernel before any collective, so none compiles on only some ranks.
         kernels.warm()
         if size == 1:
@@ -61,7 +95,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             spin_ns, yield_ns = _wait_policy(self._settings, size)
             self._arena = open_arena(store, rank, size, list(range(size)), self._settings, timeout,
                                      spin_ns, yield_ns)
-            self._arena._describe = self._describe_step
+            self._arena._describe = self._describe_current
         else:
             # Several nodes: correct through Gloo until the hierarchical plans land.
             self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
@@ -75,177 +109,421 @@ class ProcessGroupShm(dist.ProcessGroup):
     def options(self):
         return None
 
-    # -- helpers -------------------------------------------------------------
+    # -- plumbing ------------------------------------------------------------
 
-    def _describe_step(self, step: int) -> str:
+    def _describe_current(self, step: int | None = None) -> str:
         return f"{ops.describe_desc(self._desc)} #{self._seq}"
 
-    def _begin(self, desc: int) -> None:
-        if self._error is not None:
-            raise ShmcollError(f"this shm process group is unusable after an earlier error: {self._error}")
-        self._seq += 1
-        self._desc = desc
+    def _launch(self, desc: int, body, result, opts):
+        """Run ``body()`` as collective ``desc`` in issue order; return its Work."""
 
-    def _fail(self, error: BaseException) -> None:
-        self._error = error
+        def run():
+            if self._error is not None:
+                raise ShmcollError(f"this shm process group is unusable after an earlier error: {self._error}")
+            self._seq += 1
+            self._desc = desc
+            try:
+                return body()
+            except ShmcollError as error:
+                self._error = error
+                raise
 
-    @staticmethod
-    def _check_tensor(tensor, what: str) -> None:
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.device.type != "cpu":
-            raise ValueError(f"{what}: the shm backend handles CPU tensors only, got a tensor on {tensor.device}; "
-                             f"use init_process_group('cpu:shm,cuda:nccl') to route device tensors elsewhere")
-        if tensor.layout != torch.strided:
-            raise ValueError(f"{what}: the shm backend handles dense tensors only, got layout {tensor.layout}")
+        async_op = True if opts is None else opts.asyncOp
+        return self._engine.execute(run, result, async_op, lambda: ops.describe_desc(desc))
 
     def _one_tensor(self, tensors, what: str) -> torch.Tensor:
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         if len(tensors) != 1:
             raise ValueError(f"{what}: the shm backend takes exactly one tensor per call, got {len(tensors)}")
-        tensor = tensors[0]
-        self._check_tensor(tensor, what)
-        return tensor
+        _check_tensor(tensors[0], what)
+        return tensors[0]
 
-    def _reducer(self, dtype: ops.DType):
+    def _root(self, root: int, what: str) -> int:
+        if not 0 <= root < self._size:
+            raise ValueError(f"{what}: root rank {root} is not in this group of {self._size} ranks")
+        return root
+
+    def _reduction(self, redop, tensor, what: str):
+        """(op, dtype, kernel, scale, tensor to reduce) for a reduction of ``tensor``."""
+        kind = redop.op if isinstance(redop, dist.ReduceOp) else redop
+        if tensor.is_complex():
+            if kind not in _COMPLEX_OPS:
+                raise ValueError(f"{what}: {redop} is not defined for complex tensors (only SUM, AVG, PREMUL_SUM)")
+            tensor = torch.view_as_real(tensor)
+        op, dtype = ops.reduce_op(redop, tensor.dtype)
         kernel = self._reducers.get(dtype.name)
         if kernel is None:
             kernel = self._reducers[dtype.name] = kernels.reducer(dtype.name)
-        return kernel
+        scale = float(self._size) if op.average else ops.premul_factor(redop)
+        return op, dtype, kernel, scale, tensor
 
-    # -- collectives ---------------------------------------------------------
+    def _same_shape(self, tensors, like, what: str) -> None:
+        for i, t in enumerate(tensors):
+            _check_tensor(t, f"{what}[{i}]")
+            if t.dtype != like.dtype or t.numel() != like.numel():
+                raise ValueError(f"{what}[{i}] is {t.dtype} with {t.numel()} elements; expected {like.dtype} "
+                                 f"with {like.numel()} elements")
+
+    def _list_of_size(self, tensors, what: str):
+        if len(tensors) != self._size:
+            raise ValueError(f"{what} has {len(tensors)} tensors; the group has {self._size} ranks")
+        return tensors
+
+    def _delegate(self, name: str, *args):
+        return getattr(self._gloo, name)(*args)
+
+    # -- reductions ----------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
         tensor = self._one_tensor(tensors, "all_reduce")
-        op, dtype = ops.reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, tensor.dtype)
+        redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        op, dtype, kernel, scale, flat = self._reduction(redop, tensor, "all_reduce")
         if self._gloo is not None:
-            return self._gloo.allreduce([tensor], opts)
-        count = tensor.numel()
+            return self._delegate("allreduce", [tensor], opts)
+        count = flat.numel()
         if self._size == 1 or count == 0:
+            if scale != 1.0 and not op.average and count:
+                tensor.mul_(scale)
             return CompletedWork([tensor])
-        self._begin(ops.descriptor(ops.ALLREDUCE, count, dtype.code, op.code))
-        work = tensor if tensor.is_contiguous() else tensor.contiguous()
-        itemsize = work.element_size()
-        scale = float(self._size) if op.average else 1.0
+        itemsize = flat.element_size()
         arena = self._arena
-        plan = (_allreduce.one_shot
-                if count * itemsize <= min(self._settings.small_bytes, arena.chunk_bytes)
+        plan = (_allreduce.one_shot if count * itemsize <= min(self._settings.small_bytes, arena.chunk_bytes)
                 else _allreduce.reduce_scatter_allgather)
-        try:
-            plan(arena, work.data_ptr(), count, itemsize, dtype.numpy, self._reducer(dtype), op.kernel, scale,
-                 self._desc)
-        except ShmcollError as error:
-            self._fail(error)
-            raise
-        if work is not tensor:
-            tensor.copy_(work)
-        return CompletedWork([tensor])
+
+        def body():
+            work = _staged(flat)
+            plan(arena, work.data_ptr(), count, itemsize, dtype.numpy, kernel, op.kernel, scale, self._desc)
+            _unstage(flat, work)
+
+        return self._launch(ops.descriptor(ops.ALLREDUCE, count, dtype.code, op.code), body, [tensor], opts)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        """All tensors reduced as one flat buffer (one collective, not one per tensor)."""
+        if self._gloo is not None:
+            return self._delegate("allreduce_coalesced", tensors, opts)
+        if not tensors:
+            return CompletedWork([])
+        for i, t in enumerate(tensors):
+            _check_tensor(t, f"all_reduce_coalesced[{i}]")
+            if t.dtype != tensors[0].dtype:
+                raise ValueError(f"all_reduce_coalesced: tensor {i} is {t.dtype}, tensor 0 is {tensors[0].dtype}")
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        inner = dist.AllreduceOptions()
+        inner.reduceOp = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        inner.asyncOp = False
+        self.allreduce([flat], inner)
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+        return CompletedWork(list(tensors))
+
+    def reduce(self, tensors, opts=None):
+        tensor = self._one_tensor(tensors, "reduce")
+        root = self._root(opts.rootRank if opts is not None else 0, "reduce")
+        redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        op, dtype, kernel, scale, flat = self._reduction(redop, tensor, "reduce")
+        if self._gloo is not None:
+            return self._delegate("reduce", [tensor], opts)
+        count = flat.numel()
+        if self._size == 1 or count == 0:
+            if scale != 1.0 and not op.average and count:
+                tensor.mul_(scale)
+            return CompletedWork([tensor])
+        itemsize = flat.element_size()
+
+        def body():
+            work = _staged(flat)
+            _reduce.reduce(self._arena, work.data_ptr(), count, itemsize, dtype.numpy, kernel, op.kernel, scale,
+                           root, self._desc)
+            if self._rank == root:
+                _unstage(flat, work)
+
+        return self._launch(ops.descriptor(ops.REDUCE, count, dtype.code, op.code, root), body, [tensor], opts)
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        output = self._one_tensor(output_tensors, "reduce_scatter output")
+        if len(input_lists) != 1:
+            raise ValueError(f"reduce_scatter: expected one input list, got {len(input_lists)}")
+        inputs = self._list_of_size(input_lists[0], "reduce_scatter input list")
+        self._same_shape(inputs, output, "reduce_scatter input")
+        if self._gloo is not None:
+            return self._delegate("reduce_scatter", output_tensors, input_lists, opts)
+        if self._size == 1:
+            self._reduce_scatter_local(output, inputs[0], opts)
+            return CompletedWork([output])
+        stacked = torch.cat([t.reshape(-1) for t in inputs]) if output.numel() else output.reshape(-1)
+        return self._reduce_scatter_flat(output, stacked, opts, [output])
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        _check_tensor(output, "reduce_scatter_tensor output")
+        _check_tensor(input, "reduce_scatter_tensor input")
+        if input.dtype != output.dtype or input.numel() != output.numel() * self._size:
+            raise ValueError(f"reduce_scatter_tensor: input must be {output.dtype} with "
+                             f"{output.numel() * self._size} elements (output x {self._size} ranks), got "
+                             f"{input.dtype} with {input.numel()}")
+        if self._gloo is not None:
+            return self._delegate("_reduce_scatter_base", output, input, opts)
+        if self._size == 1:
+            self._reduce_scatter_local(output, input, opts)
+            return CompletedWork([output])
+        return self._reduce_scatter_flat(output, input.reshape(-1) if input.is_contiguous() else
+                                         input.contiguous().reshape(-1), opts, [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def _reduce_scatter_local(self, output, input, opts) -> None:
+        redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        op, _, _, scale, _ = self._reduction(redop, output, "reduce_scatter")
+        output.copy_(input.reshape(output.shape))
+        if scale != 1.0 and not op.average:
+            output.mul_(scale)
+
+    def _reduce_scatter_flat(self, output, flat_input, opts, result):
+        redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        op, dtype, kernel, scale, out_view = self._reduction(redop, output, "reduce_scatter")
+        if flat_input.is_complex():
+            flat_input = torch.view_as_real(flat_input)
+        count = out_view.numel()
+        if count == 0:
+            return CompletedWork(result)
+        itemsize = out_view.element_size()
+
+        def body():
+            staged = _staged(out_view)
+            _reduce_scatter.reduce_scatter(self._arena, flat_input.data_ptr(), count, itemsize, dtype.numpy, kernel,
+                                           op.kernel, scale, staged.data_ptr(), self._desc)
+            _unstage(out_view, staged)
+
+        return self._launch(ops.descriptor(ops.REDUCE_SCATTER, count, dtype.code, op.code), body, result, opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        if len(outputs) != len(inputs):
+            raise ValueError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
+        sync = _sync_options(dist.ReduceScatterOptions, opts)
+        for output, input in zip(outputs, inputs):
+            self.reduce_scatter_single(output, input, sync)
+        return CompletedWork(list(outputs))
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    # -- data movement -------------------------------------------------------
 
     def broadcast(self, tensors, opts=None):
         tensor = self._one_tensor(tensors, "broadcast")
-        root = opts.rootRank if opts is not None else 0
-        if not 0 <= root < self._size:
-            raise ValueError(f"broadcast: root rank {root} is not in this group of {self._size} ranks")
+        root = self._root(opts.rootRank if opts is not None else 0, "broadcast")
         if self._gloo is not None:
-            return self._gloo.broadcast([tensor], opts)
-        nbytes = tensor.numel() * tensor.element_size()
+            return self._delegate("broadcast", [tensor], opts)
+        nbytes = _nbytes(tensor)
         if self._size == 1 or nbytes == 0:
             return CompletedWork([tensor])
-        self._begin(ops.descriptor(ops.BROADCAST, nbytes, 0, 0, root))
-        work = tensor if tensor.is_contiguous() else tensor.contiguous()
-        try:
-            _broadcast.broadcast(self._arena, work.data_ptr(), nbytes, root, self._desc)
-        except ShmcollError as error:
-            self._fail(error)
-            raise
-        if work is not tensor:
-            tensor.copy_(work)
-        return CompletedWork([tensor])
 
-    def allgather(self, output_tensors, input_tensors, opts=None):
+        def body():
+            work = _staged(tensor)
+            _broadcast.broadcast(self._arena, work.data_ptr(), nbytes, root, self._desc)
+            _unstage(tensor, work)
+
+        return self._launch(ops.descriptor(ops.BROADCAST, nbytes, 0, 0, root), body, [tensor], opts)
+
+    def allgather(self, output_lists, input_tensors, opts=None):
         tensor = self._one_tensor(input_tensors, "all_gather")
-        if len(output_tensors) != 1:
-            raise ValueError(f"all_gather: expected one output list, got {len(output_tensors)}")
-        outputs = output_tensors[0]
-        if len(outputs) != self._size:
-            raise ValueError(f"all_gather: the output list has {len(outputs)} tensors, "
-                             f"the group has {self._size} ranks")
-        for i, out in enumerate(outputs):
-            self._check_tensor(out, f"all_gather output[{i}]")
-            if out.dtype != tensor.dtype or out.numel() != tensor.numel():
-                raise ValueError(f"all_gather: output[{i}] is {out.dtype} with {out.numel()} elements, "
-                                 f"the input is {tensor.dtype} with {tensor.numel()} elements")
+        if len(output_lists) != 1:
+            raise ValueError(f"all_gather: expected one output list, got {len(output_lists)}")
+        outputs = self._list_of_size(output_lists[0], "all_gather output list")
+        self._same_shape(outputs, tensor, "all_gather output")
         if self._gloo is not None:
-            return self._gloo.allgather(output_tensors, [tensor], opts)
+            return self._delegate("allgather", output_lists, [tensor], opts)
         if self._size == 1:
             outputs[0].copy_(tensor)
-            return CompletedWork(output_tensors)
-        nbytes = tensor.numel() * tensor.element_size()
+            return CompletedWork(output_lists)
+        nbytes = _nbytes(tensor)
         if nbytes == 0:
-            return CompletedWork(output_tensors)
-        self._begin(ops.descriptor(ops.ALLGATHER, nbytes))
-        source = tensor.contiguous()
-        targets = [out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-                   for out in outputs]
-        try:
+            return CompletedWork(output_lists)
+
+        def body():
+            source = tensor.contiguous()
+            targets = [_staged_empty(out) for out in outputs]
             _allgather.allgather(self._arena, source.data_ptr(), nbytes, [t.data_ptr() for t in targets],
                                  self._desc)
-        except ShmcollError as error:
-            self._fail(error)
-            raise
-        for out, target in zip(outputs, targets):
-            if out is not target:
-                out.copy_(target)
-        return CompletedWork(output_tensors)
+            for out, target in zip(outputs, targets):
+                _unstage(out, target)
+
+        return self._launch(ops.descriptor(ops.ALLGATHER, nbytes), body, output_lists, opts)
 
     def all_gather_single(self, output, input, opts=None):
-        self._check_tensor(input, "all_gather_into_tensor input")
-        self._check_tensor(output, "all_gather_into_tensor output")
+        _check_tensor(input, "all_gather_into_tensor input")
+        _check_tensor(output, "all_gather_into_tensor output")
         if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
             raise ValueError(f"all_gather_into_tensor: output must be {input.dtype} with "
                              f"{input.numel() * self._size} elements (input x {self._size} ranks), got "
                              f"{output.dtype} with {output.numel()}")
         if self._gloo is not None:
-            return self._gloo._allgather_base(output, input, opts)
-        nbytes = input.numel() * input.element_size()
+            return self._delegate("_allgather_base", output, input, opts)
         if self._size == 1:
             output.view(-1).copy_(input.reshape(-1))
             return CompletedWork([output])
+        nbytes = _nbytes(input)
         if nbytes == 0:
             return CompletedWork([output])
-        self._begin(ops.descriptor(ops.ALLGATHER, nbytes))
-        source = input.contiguous()
-        target = output if output.is_contiguous() else torch.empty_like(output,
-                                                                        memory_format=torch.contiguous_format)
-        try:
+
+        def body():
+            source = input.contiguous()
+            target = _staged_empty(output)
             _allgather.allgather(self._arena, source.data_ptr(), nbytes, (target.data_ptr(), nbytes), self._desc)
-        except ShmcollError as error:
-            self._fail(error)
-            raise
-        if target is not output:
-            output.copy_(target)
-        return CompletedWork([output])
+            _unstage(output, target)
+
+        return self._launch(ops.descriptor(ops.ALLGATHER, nbytes), body, [output], opts)
 
     _allgather_base = all_gather_single
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        if len(output_lists) != len(input_list):
+            raise ValueError(f"all_gather_coalesced: {len(output_lists)} output lists for {len(input_list)} inputs")
+        sync = _sync_options(None, opts)
+        for outputs, tensor in zip(output_lists, input_list):
+            self.allgather([outputs], [tensor], sync)
+        return CompletedWork(output_lists)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        if len(outputs) != len(inputs):
+            raise ValueError(f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
+        sync = _sync_options(None, opts)
+        for output, input in zip(outputs, inputs):
+            self.all_gather_single(output, input, sync)
+        return CompletedWork(list(outputs))
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def gather(self, output_lists, input_tensors, opts=None):
+        tensor = self._one_tensor(input_tensors, "gather")
+        root = self._root(opts.rootRank if opts is not None else 0, "gather")
+        if self._rank == root:
+            if len(output_lists) != 1:
+                raise ValueError(f"gather: the root expects one output list, got {len(output_lists)}")
+            outputs = self._list_of_size(output_lists[0], "gather output list")
+            self._same_shape(outputs, tensor, "gather output")
+        elif output_lists and any(len(lst) for lst in output_lists):
+            raise ValueError(f"gather: only the root (rank {root}) takes output tensors; rank {self._rank} got some")
+        if self._gloo is not None:
+            return self._delegate("gather", output_lists, [tensor], opts)
+        if self._size == 1:
+            output_lists[0][0].copy_(tensor)
+            return CompletedWork(output_lists)
+        nbytes = _nbytes(tensor)
+        if nbytes == 0:
+            return CompletedWork(output_lists)
+
+        def body():
+            source = tensor.contiguous()
+            targets = [_staged_empty(out) for out in output_lists[0]] if self._rank == root else []
+            _gather.gather(self._arena, source.data_ptr(), nbytes, root, [t.data_ptr() for t in targets], self._desc)
+            if targets:
+                for out, target in zip(output_lists[0], targets):
+                    _unstage(out, target)
+
+        return self._launch(ops.descriptor(ops.GATHER, nbytes, 0, 0, root), body, output_lists, opts)
+
+    def scatter(self, output_tensors, input_lists, opts=None):
+        output = self._one_tensor(output_tensors, "scatter output")
+        root = self._root(opts.rootRank if opts is not None else 0, "scatter")
+        if self._rank == root:
+            if len(input_lists) != 1:
+                raise ValueError(f"scatter: the root expects one input list, got {len(input_lists)}")
+            inputs = self._list_of_size(input_lists[0], "scatter input list")
+            self._same_shape(inputs, output, "scatter input")
+        elif input_lists and any(len(lst) for lst in input_lists):
+            raise ValueError(f"scatter: only the root (rank {root}) takes input tensors; rank {self._rank} got some")
+        if self._gloo is not None:
+            return self._delegate("scatter", output_tensors, input_lists, opts)
+        if self._size == 1:
+            output.copy_(input_lists[0][0])
+            return CompletedWork([output])
+        nbytes = _nbytes(output)
+        if nbytes == 0:
+            return CompletedWork([output])
+
+        def body():
+            sources = [t.contiguous() for t in input_lists[0]] if self._rank == root else []
+            target = _staged_empty(output)
+            _scatter.scatter(self._arena, [t.data_ptr() for t in sources], nbytes, root, target.data_ptr(),
+                             self._desc)
+            _unstage(output, target)
+
+        return self._launch(ops.descriptor(ops.SCATTER, nbytes, 0, 0, root), body, [output], opts)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        outputs = self._list_of_size(output_tensors, "all_to_all output list")
+        inputs = self._list_of_size(input_tensors, "all_to_all input list")
+        for i, t in enumerate(inputs):
+            _check_tensor(t, f"all_to_all input[{i}]")
+        for i, t in enumerate(outputs):
+            _check_tensor(t, f"all_to_all output[{i}]")
+            if t.dtype != inputs[0].dtype:
+                raise ValueError(f"all_to_all: output[{i}] is {t.dtype}, the inputs are {inputs[0].dtype}")
+        if self._gloo is not None:
+            return self._delegate("alltoall", output_tensors, input_tensors, opts)
+        sizes_in = [_nbytes(t) for t in inputs]
+        sizes_out = [_nbytes(t) for t in outputs]
+        uniform = len(set(sizes_in + sizes_out)) == 1
+        if self._size == 1:
+            outputs[0].copy_(inputs[0].reshape(outputs[0].shape))
+            return CompletedWork(output_tensors)
+
+        def body():
+            sources = [t.contiguous() for t in inputs]
+            targets = [_staged_empty(t) for t in outputs]
+            _alltoall.alltoall(self._arena, [(t.data_ptr(), n) for t, n in zip(sources, sizes_in)],
+                               [(t.data_ptr(), n) for t, n in zip(targets, sizes_out)], self._desc, uniform)
+            for out, target in zip(outputs, targets):
+                _unstage(out, target)
+
+        return self._launch(ops.descriptor(ops.ALLTOALL, sizes_in[0] if uniform else 0), body, output_tensors, opts)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        _check_tensor(input, "all_to_all_single input")
+        _check_tensor(output, "all_to_all_single output")
+        if output.dtype != input.dtype:
+            raise ValueError(f"all_to_all_single: output is {output.dtype}, input is {input.dtype}")
+        if self._gloo is not None:
+            return self._delegate("alltoall_base", output, input, output_split_sizes, input_split_sizes, opts)
+        send = _split_bytes(input, list(input_split_sizes), self._size, "input")
+        recv = _split_bytes(output, list(output_split_sizes), self._size, "output")
+        uniform = not input_split_sizes and not output_split_sizes
+        if self._size == 1:
+            output.copy_(input)
+            return CompletedWork([output])
+
+        def body():
+            source = input.contiguous()
+            target = _staged_empty(output)
+            base_in, base_out = source.data_ptr(), target.data_ptr()
+            _alltoall.alltoall(self._arena, [(base_in + off, n) for off, n in send],
+                               [(base_out + off, n) for off, n in recv], self._desc, uniform)
+            _unstage(output, target)
+
+        return self._launch(ops.descriptor(ops.ALLTOALL, send[0][1] if uniform else 0), body, [output], opts)
+
+    all_to_all_single = alltoall_base
 
     def barrier(self, opts=None):
         if self._gloo is not None:
             return self._gloo.barrier(opts) if opts is not None else self._gloo.barrier()
         if self._size == 1:
             return CompletedWork()
-        self._begin(ops.descriptor(ops.BARRIER))
-        try:
+        if not isinstance(opts, dist.BarrierOptions):
+            opts = None  # barrier(timeout=...) overload
+
+        def body():
             _barrier.barrier(self._arena, self._desc)
-        except ShmcollError as error:
-            self._fail(error)
-            raise
-        return CompletedWork()
+
+        return self._launch(ops.descriptor(ops.BARRIER), body, [], opts)
 
     # -- teardown ------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Release the arena mapping; the segment's name was unlinked at creation."""
+        """Finish queued work, stop the progress thread and release the arena mapping."""
+        self._engine.close()
         if self._arena is not None:
             self._arena.close()
             self._arena = None
@@ -253,3 +531,40 @@ class ProcessGroupShm(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
+
+
+def _staged_empty(tensor):
+    """``tensor`` itself if contiguous, else a contiguous buffer to fill and copy back."""
+    return tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
+
+
+def _sync_options(options_type, opts):
+    """Options for the per-tensor calls of a coalesced op: synchronous, same reduce op."""
+    inner = options_type() if options_type is not None else None
+    if inner is None:
+        from torch._C._distributed_c10d import AllgatherOptions
+
+        inner = AllgatherOptions()
+    if opts is not None and hasattr(opts, "reduceOp") and hasattr(inner, "reduceOp"):
+        inner.reduceOp = opts.reduceOp
+    inner.asyncOp = False
+    return inner
+
+
+def _split_bytes(tensor, splits: list[int], size: int, what: str) -> list[tuple[int, int]]:
+    """(byte offset, byte count) of each rank's block along dim 0."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    row_bytes = _nbytes(tensor) // rows if rows else 0
+    if not splits:
+        if rows % size:
+            raise ValueError(f"all_to_all_single: {what} has {rows} rows, not divisible by the {size} ranks; "
+                             f"pass split sizes")
+        splits = [rows // size] * size
+    if len(splits) != size or sum(splits) != rows or min(splits) < 0:
+        raise ValueError(f"all_to_all_single: {what} split sizes {splits} must be {size} non-negative numbers "
+                         f"summing to its {rows} rows")
+    blocks, offset = [], 0
+    for n in splits:
+        blocks.append((offset, n * row_bytes))
+        offset += n * row_bytes
+    return blocks

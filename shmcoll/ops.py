@@ -66,14 +66,21 @@ _OP_NAME_BY_CODE: dict[int, str] = {}
 
 
 def reduce_op(redop, dtype: torch.dtype) -> tuple[Op, DType]:
-    """Resolve (torch ReduceOp, dtype) to kernel terms, or raise a clear error."""
+    """Resolve (torch ReduceOp, dtype) to kernel terms, or raise a clear error.
+
+    PREMUL_SUM(factor) resolves to SUM; ``premul_factor`` gives its factor.
+    """
     global _OPS
     if _OPS is None:
         _OPS = _op_table()
         _OP_NAME_BY_CODE.update({o.code: o.name for o in _OPS.values()})
-    op = _OPS.get(redop.op if isinstance(redop, ReduceOp) else redop)
+    kind = redop.op if isinstance(redop, ReduceOp) else redop
+    op = _OPS.get(kind)
     if op is None:
-        raise ValueError(f"shm backend does not support reduce op {redop}")
+        if kind == ReduceOp.RedOpType.PREMUL_SUM:
+            op = _OPS[ReduceOp.RedOpType.SUM]
+        else:
+            raise ValueError(f"shm backend does not support reduce op {redop}")
     dt = DTYPES.get(dtype)
     if dt is None:
         raise TypeError(f"shm backend cannot reduce tensors of dtype {dtype}; "
@@ -85,9 +92,20 @@ def reduce_op(redop, dtype: torch.dtype) -> tuple[Op, DType]:
     return op, dt
 
 
+def premul_factor(redop) -> float:
+    """The factor of a PREMUL_SUM op (scalar or one-element tensor); 1.0 for any other op."""
+    if isinstance(redop, ReduceOp) and redop.op == ReduceOp.RedOpType.PREMUL_SUM:
+        factor = redop.factor
+        return float(factor.item() if isinstance(factor, torch.Tensor) else factor)
+    return 1.0
+
+
 # Collective kinds, for descriptors and messages.
-BARRIER, ALLREDUCE, BROADCAST, ALLGATHER = 1, 2, 3, 4
-KIND_NAMES = {BARRIER: "barrier", ALLREDUCE: "all_reduce", BROADCAST: "broadcast", ALLGATHER: "all_gather"}
+BARRIER, ALLREDUCE, BROADCAST, ALLGATHER, REDUCE, GATHER, SCATTER, REDUCE_SCATTER, ALLTOALL = range(1, 10)
+KIND_NAMES = {BARRIER: "barrier", ALLREDUCE: "all_reduce", BROADCAST: "broadcast", ALLGATHER: "all_gather",
+              REDUCE: "reduce", GATHER: "gather", SCATTER: "scatter", REDUCE_SCATTER: "reduce_scatter",
+              ALLTOALL: "all_to_all"}
+_ROOTED = {"broadcast", "reduce", "gather", "scatter"}
 
 
 def descriptor(kind: int, count: int = 0, dtype_code: int = 0, op_code: int = 0, root: int = 0) -> int:
@@ -104,7 +122,7 @@ def describe_desc(desc: int) -> str:
     root = desc >> 15 & 0x7FFF
     count = desc >> 30
     parts = [p for p in (op, dtype) if p]
-    if kind == "broadcast":
+    if kind in _ROOTED:
         parts.append(f"root {root}")
     if kind != "barrier":
         parts.append(f"{count} {'elements' if dtype else 'bytes'}")

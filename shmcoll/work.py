@@ -1,6 +1,14 @@
-"""Work objects returned by every ProcessGroupShm method."""
+"""Work objects and the per-group progress thread that completes them.
+
+Collectives run in issue order, always. A synchronous call with nothing
+queued runs inline (no thread hand-off for small messages); anything else goes
+to the group's progress thread, whose hot loops release the GIL, so
+``async_op=True`` overlaps communication with the caller's computation.
+"""
 from __future__ import annotations
 
+import collections
+import threading
 from datetime import timedelta
 
 import torch
@@ -10,9 +18,10 @@ import torch.distributed as dist
 class CompletedWork(dist.Work):
     """A collective that already finished on this rank when the call returned."""
 
-    def __init__(self, result=None):
+    def __init__(self, result=None, source_rank: int = -1):
         super().__init__()
         self._result = result if result is not None else []
+        self._source = source_rank
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         return True
@@ -29,6 +38,9 @@ class CompletedWork(dist.Work):
     def result(self):
         return self._result
 
+    def source_rank(self) -> int:
+        return self._source
+
     def synchronize(self) -> None:
         return None
 
@@ -36,3 +48,135 @@ class CompletedWork(dist.Work):
         future = torch.futures.Future()
         future.set_result(self._result)
         return future
+
+
+class AsyncWork(dist.Work):
+    """A collective queued on the progress thread; completes its future there."""
+
+    def __init__(self, result, describe: str):
+        super().__init__()
+        self._result = result
+        self._describe = describe
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._future = torch.futures.Future()
+        self._source = -1
+
+    # -- called by the progress thread ----------------------------------------
+
+    def _finish(self, error: BaseException | None = None, source_rank: int | None = None) -> None:
+        if source_rank is not None:
+            self._source = source_rank
+        self._error = error
+        self._done.set()
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(error)
+
+    # -- torch.distributed.Work -------------------------------------------------
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        seconds = timeout.total_seconds() if timeout else 0
+        if not self._done.wait(seconds if seconds > 0 else None):
+            raise dist.DistBackendError(f"{self._describe} did not complete within {seconds:g} s (Work.wait timeout)")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def source_rank(self) -> int:
+        self.wait()
+        return self._source
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+class ProgressEngine:
+    """Runs one group's collectives in issue order, inline or on a daemon thread."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._cv = threading.Condition()
+        self._queue: collections.deque = collections.deque()
+        self._running = False  # a collective is executing (inline or on the thread)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def execute(self, run, result, async_op: bool, describe):
+        """Run ``run()`` (which may return a source rank) in order; return its Work."""
+        with self._cv:
+            inline = not async_op and not self._running and not self._queue
+            if inline:
+                self._running = True
+        if inline:
+            try:
+                source = run()
+            finally:
+                with self._cv:
+                    self._running = False
+                    self._cv.notify_all()
+            return CompletedWork(result, -1 if source is None else source)
+        work = AsyncWork(result, describe())
+        with self._cv:
+            if self._closed:
+                raise dist.DistBackendError(f"{self._name} was shut down")
+            self._queue.append((run, work))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=f"shmcoll-progress-{self._name}",
+                                                daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        if not async_op:
+            work.wait()
+        return work
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue or self._running:
+                    if self._closed and not self._queue:
+                        return
+                    self._cv.wait()
+                run, work = self._queue.popleft()
+                self._running = True
+            try:
+                source = run()
+                error = None
+            except BaseException as exc:  # delivered to the waiter, never lost
+                source, error = None, exc
+            with self._cv:
+                self._running = False
+                self._cv.notify_all()
+            work._finish(error, source)
+
+    def drain(self) -> None:
+        """Wait until everything issued so far has finished."""
+        with self._cv:
+            while self._queue or self._running:
+                self._cv.wait()
+
+    def close(self) -> None:
+        """Finish queued work, then stop the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()

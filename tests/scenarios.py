@@ -201,3 +201,249 @@ def _data(case, rank, dtype, count):
     if dtype.is_complex:
         return torch.view_as_complex(make_input(case, rank, torch.float32, 2 * count).reshape(count, 2))
     return make_input(case, rank, dtype, count)
+
+
+def _reduce_dtypes_ops():
+    """A spread of (dtype, op name) pairs for the rooted and scattered reductions."""
+    return [(torch.float32, "sum"), (torch.float32, "max"), (torch.bfloat16, "sum"), (torch.float16, "avg"),
+            (torch.int64, "sum"), (torch.int32, "bxor"), (torch.uint8, "min"), (torch.bool, "bor"),
+            (torch.float64, "product")]
+
+
+def rooted_and_scattered(cases, big: str = "5003"):
+    """reduce, gather, scatter, reduce_scatter (list and tensor), all_to_all (list, single, splits)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    counts = _counts(world, int(big))
+    for dtype, op_name in _reduce_dtypes_ops():
+        op = ops_for(dtype)[op_name]
+        for count in counts:
+            for root in sorted({0, world - 1}):
+                case = f"reduce/{str(dtype)[6:]}/{op_name}/n={count}/root={root}"
+
+                def run_reduce():
+                    inputs = [make_input(case, r, dtype, count, op_name) for r in range(world)]
+                    tensor = inputs[rank].clone()
+                    dist.reduce(tensor, dst=root, op=op)
+                    if rank == root:
+                        _equal(tensor, reference_reduce(inputs, op_name, dtype), "reduce at root")
+                    else:
+                        _equal(tensor, inputs[rank], "reduce leaves non-root tensors alone")
+
+                cases.run(case, run_reduce)
+
+            case = f"reduce_scatter_tensor/{str(dtype)[6:]}/{op_name}/n={count}"
+
+            def run_rs_tensor():
+                inputs = [make_input(case, r, dtype, count * world, op_name) for r in range(world)]
+                out = torch.zeros(count, dtype=dtype)
+                dist.reduce_scatter_tensor(out, inputs[rank].clone(), op=op)
+                expected = reference_reduce(inputs, op_name, dtype)[rank * count:(rank + 1) * count]
+                _equal(out, expected, "reduce_scatter_tensor")
+
+            cases.run(case, run_rs_tensor)
+
+            case = f"reduce_scatter/{str(dtype)[6:]}/{op_name}/n={count}"
+
+            def run_rs_list():
+                inputs = [make_input(case, r, dtype, count * world, op_name) for r in range(world)]
+                out = torch.zeros(count, dtype=dtype)
+                dist.reduce_scatter(out, list(inputs[rank].clone().chunk(world)) if count else
+                                    [torch.zeros(0, dtype=dtype)] * world, op=op)
+                expected = reference_reduce(inputs, op_name, dtype)[rank * count:(rank + 1) * count]
+                _equal(out, expected, "reduce_scatter")
+
+            cases.run(case, run_rs_list)
+
+    for dtype in [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64]:
+        for count in counts:
+            for root in sorted({0, world - 1}):
+                case = f"gather/{str(dtype)[6:]}/n={count}/root={root}"
+
+                def run_gather():
+                    outs = [torch.zeros(count, dtype=dtype) for _ in range(world)] if rank == root else None
+                    dist.gather(_data(case, rank, dtype, count), outs, dst=root)
+                    if rank == root:
+                        for r in range(world):
+                            _equal(outs[r], _data(case, r, dtype, count), f"gather slot {r}")
+
+                cases.run(case, run_gather)
+                case = f"scatter/{str(dtype)[6:]}/n={count}/root={root}"
+
+                def run_scatter():
+                    out = torch.zeros(count, dtype=dtype)
+                    ins = [_data(case, r, dtype, count) for r in range(world)] if rank == root else None
+                    dist.scatter(out, ins, src=root)
+                    _equal(out, _data(case, rank, dtype, count), "scatter")
+
+                cases.run(case, run_scatter)
+
+            case = f"all_to_all_single/{str(dtype)[6:]}/n={count}"
+
+            def run_a2a_single():
+                rows = count * world
+                ins = [_data(case, r, dtype, rows) for r in range(world)]
+                out = torch.zeros(rows, dtype=dtype)
+                dist.all_to_all_single(out, ins[rank])
+                expected = torch.cat([ins[r][rank * count:(rank + 1) * count] for r in range(world)])
+                _equal(out, expected, "all_to_all_single")
+
+            cases.run(case, run_a2a_single)
+
+            case = f"all_to_all/{str(dtype)[6:]}/n={count}"
+
+            def run_a2a_list():
+                ins = [[_data(f"{case}/{r}->{j}", r, dtype, count) for j in range(world)] for r in range(world)]
+                outs = [torch.zeros(count, dtype=dtype) for _ in range(world)]
+                dist.all_to_all(outs, ins[rank])
+                for r in range(world):
+                    _equal(outs[r], ins[r][rank], f"all_to_all from {r}")
+
+            cases.run(case, run_a2a_list)
+
+    def splits(seed_count):
+        """Uneven split sizes: rank r sends (r + j + seed) % 4 * seed rows to rank j (some zero)."""
+        return [[(r + j + seed_count) % 4 * seed_count for j in range(world)] for r in range(world)]
+
+    for seed_count in (1, 3, 1001):
+        case = f"all_to_all_single/splits/rows={seed_count}"
+
+        def run_a2a_splits():
+            table = splits(seed_count)
+            send = table[rank]
+            recv = [table[r][rank] for r in range(world)]
+            data = _data(case, rank, torch.float32, sum(send) * 3).reshape(-1, 3)
+            out = torch.zeros(sum(recv), 3)
+            dist.all_to_all_single(out, data, output_split_sizes=recv, input_split_sizes=send)
+            pieces = []
+            for r in range(world):
+                theirs = _data(case, r, torch.float32, sum(table[r]) * 3).reshape(-1, 3)
+                start = sum(table[r][:rank])
+                pieces.append(theirs[start:start + table[r][rank]])
+            _equal(out, torch.cat(pieces), "all_to_all_single with splits")
+            theirs = torch.zeros(sum(recv), 3)
+            dist.all_to_all_single(theirs, data, output_split_sizes=recv, input_split_sizes=send, group=gloo)
+            _equal(out, theirs, "shm vs gloo")
+
+        cases.run(case, run_a2a_splits)
+
+
+def api_surface(cases):
+    """Coalesced forms, PREMUL_SUM, complex, async Work, subgroups, object collectives."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def coalesced():
+        tensors = [make_input("co", rank, torch.float32, n) for n in (3, 0, 17)]
+        dist.all_reduce_coalesced(tensors)
+        for n, t in zip((3, 0, 17), tensors):
+            _equal(t, reference_reduce([make_input("co", r, torch.float32, n) for r in range(world)], "sum",
+                                       torch.float32)[:n] if n else t, "coalesced")
+
+    cases.run("all_reduce_coalesced", coalesced)
+
+    def coalescing_manager():
+        from torch.distributed.distributed_c10d import _coalescing_manager
+
+        outs = [torch.zeros(5 * world), torch.zeros(2 * world)]
+        ins = [make_input("cm", rank, torch.float32, 5), make_input("cm2", rank, torch.float32, 2)]
+        with _coalescing_manager(async_ops=True) as cm:
+            for o, i in zip(outs, ins):
+                dist.all_gather_into_tensor(o, i)
+        cm.wait()
+        _equal(outs[0], torch.cat([make_input("cm", r, torch.float32, 5) for r in range(world)]), "cm ag 0")
+        _equal(outs[1], torch.cat([make_input("cm2", r, torch.float32, 2) for r in range(world)]), "cm ag 1")
+        rs_out = [torch.zeros(4), torch.zeros(1)]
+        rs_in = [make_input("rs", rank, torch.float32, 4 * world), make_input("rs2", rank, torch.float32, world)]
+        with _coalescing_manager(async_ops=True) as cm:
+            for o, i in zip(rs_out, rs_in):
+                dist.reduce_scatter_tensor(o, i.clone())
+        cm.wait()
+        for tag, o, n in (("rs", rs_out[0], 4), ("rs2", rs_out[1], 1)):
+            full = reference_reduce([make_input(tag, r, torch.float32, n * world) for r in range(world)], "sum",
+                                    torch.float32)
+            _equal(o, full[rank * n:(rank + 1) * n], f"cm rs {tag}")
+
+    cases.run("coalescing_manager", coalescing_manager)
+
+    def premul_sum():
+        for factor in (2.5, torch.tensor(0.5)):
+            t = make_input("pm", rank, torch.float32, 33)
+            dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+            expected = reference_reduce([make_input("pm", r, torch.float32, 33) for r in range(world)], "sum",
+                                        torch.float32) * float(factor)
+            torch.testing.assert_close(t, expected)
+
+    cases.run("premul_sum", premul_sum)
+
+    def complex_sum_avg():
+        for op, name in ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg")):
+            t = _data("cx", rank, torch.complex64, 9)
+            dist.all_reduce(t, op=op)
+            parts = [torch.view_as_real(_data("cx", r, torch.complex64, 9)) for r in range(world)]
+            expected = torch.view_as_complex(reference_reduce(parts, name, torch.float32).contiguous())
+            _equal(t, expected, f"complex {name}")
+
+    cases.run("complex", complex_sum_avg)
+
+    def async_work():
+        t = make_input("aw", rank, torch.float32, 100_000)
+        work = dist.all_reduce(t, async_op=True)
+        fut = work.get_future()
+        chained = fut.then(lambda f: f.value()[0].sum().item())
+        assert work.wait() is True
+        assert work.is_completed() and work.is_success() and work.exception() is None
+        expected = reference_reduce([make_input("aw", r, torch.float32, 100_000) for r in range(world)], "sum",
+                                    torch.float32)
+        _equal(t, expected, "async all_reduce")
+        assert abs(chained.wait() - expected.sum().item()) < 1e-3 * max(1.0, abs(expected.sum().item()))
+        # several in flight complete in issue order
+        tensors = [torch.full((1000,), float(i + rank)) for i in range(5)]
+        works = [dist.all_reduce(x, async_op=True) for x in tensors]
+        for w in works:
+            w.wait()
+        for i, x in enumerate(tensors):
+            _equal(x, torch.full((1000,), float(i * world + sum(range(world)))), f"async #{i}")
+
+    cases.run("async_work", async_work)
+
+    def subgroups():
+        if world < 2:
+            return
+        reversed_ranks = list(range(world - 1, -1, -1))
+        sub = dist.new_group(reversed_ranks)
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=sub)
+        _equal(t, torch.tensor([float(sum(range(world)))]), "reversed group")
+        pair = dist.new_group([0, world - 1])
+        if rank in (0, world - 1):
+            t = torch.tensor([float(rank + 1)])
+            dist.broadcast(t, src=world - 1, group=pair)
+            _equal(t, torch.tensor([float(world)]), "pair broadcast")
+        groups, _ = dist.new_subgroups(group_size=2 if world % 2 == 0 else 1)
+        t = torch.tensor([1.0])
+        dist.all_reduce(t, group=groups)
+        assert t.item() == dist.get_world_size(groups)
+        for _ in range(3):  # alternate groups
+            a, b = torch.tensor([1.0]), torch.tensor([1.0])
+            dist.all_reduce(a, group=sub)
+            dist.all_reduce(b)
+            assert a.item() == world and b.item() == world
+
+    cases.run("subgroups", subgroups)
+
+    def objects():
+        gathered = [None] * world
+        dist.all_gather_object(gathered, {"rank": rank, "payload": list(range(rank))})
+        assert gathered == [{"rank": r, "payload": list(range(r))} for r in range(world)]
+        objs = [f"from-{world - 1}", 7] if rank == world - 1 else [None, None]
+        dist.broadcast_object_list(objs, src=world - 1)
+        assert objs == [f"from-{world - 1}", 7]
+        out = [None] * world if rank == 0 else None
+        dist.gather_object(("g", rank), out, dst=0)
+        if rank == 0:
+            assert out == [("g", r) for r in range(world)]
+        recv = [None]
+        dist.scatter_object_list(recv, [f"s{r}" for r in range(world)] if rank == 0 else None, src=0)
+        assert recv == [f"s{rank}"]
+
+    cases.run("objects", objects)

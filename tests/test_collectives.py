@@ -25,3 +25,17 @@ def test_data_movement(world_size):
     result = spawn("tests.scenarios:data_movement", world_size, env=SMALL_CHUNKS)
     assert_job_passes(result, min_cases=40)
     assert shm_entries() - before == set()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_rooted_and_scattered(world_size):
+    before = shm_entries()
+    result = spawn("tests.scenarios:rooted_and_scattered", world_size, env=SMALL_CHUNKS)
+    assert_job_passes(result, min_cases=100)
+    assert shm_entries() - before == set()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_api_surface(world_size):
+    result = spawn("tests.scenarios:api_surface", world_size, env=SMALL_CHUNKS)
+    assert_job_passes(result, min_cases=7)
