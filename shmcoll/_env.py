@@ -20,19 +20,17 @@ class Settings:
     shm_dir: str = "/dev/shm"
     chunk_bytes: int = 512 * KiB
     small_bytes: int = 64 * KiB
+    p2p_bytes: int = 64 * KiB
     spin_us: float | None = None
     yield_us: float | None = None
     hostid: str | None = None
-
-    @property
-    def oversubscribed_hint(self) -> str:
-        return "SHMCOLL_SPIN_US / SHMCOLL_YIELD_US"
 
 
 _PARSERS = {
     "shm_dir": ("SHMCOLL_SHM_DIR", str),
     "chunk_bytes": ("SHMCOLL_CHUNK_BYTES", _bytes),
     "small_bytes": ("SHMCOLL_SMALL_BYTES", _bytes),
+    "p2p_bytes": ("SHMCOLL_P2P_BYTES", _bytes),
     "spin_us": ("SHMCOLL_SPIN_US", float),
     "yield_us": ("SHMCOLL_YIELD_US", float),
     "hostid": ("SHMCOLL_HOSTID", str),
@@ -54,6 +52,8 @@ def read_settings(environ=os.environ) -> Settings:
     settings = Settings(**values)
     if settings.chunk_bytes < 4 * KiB or settings.chunk_bytes % 64:
         raise ValueError(f"SHMCOLL_CHUNK_BYTES={settings.chunk_bytes} must be a multiple of 64, at least 4096")
+    if settings.p2p_bytes < 1 * KiB or settings.p2p_bytes % 128:
+        raise ValueError(f"SHMCOLL_P2P_BYTES={settings.p2p_bytes} must be a multiple of 128, at least 1024")
     return settings
 
 

@@ -12,6 +12,9 @@ Terms:
            reached s - 1.
   chunk    the part of a large message handled in one step or step pair; at
            most ``chunk_bytes`` per rank, small enough to stay in cache.
+  channel  a one-way lane for point-to-point messages from one local rank to
+           another: two control lines (sender's sequence, receiver's
+           acknowledgement) and two halves of ``p2p_bytes / 2`` (see p2p.py).
 
 Lifecycle: the lowest local rank creates the segment exclusively (mode 0600,
 random name, space reserved), publishes its name through the group's store,
@@ -25,6 +28,7 @@ import os
 import secrets
 import time
 from datetime import timedelta
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,32 +46,48 @@ NAME_PREFIX = "shmcoll-"
 _SLICE_NS = 100_000_000
 
 
-def arena_bytes(local_size: int, chunk_bytes: int) -> int:
-    """Total segment size for ``local_size`` ranks with ``chunk_bytes`` slots."""
-    return _data_offset(local_size) + 2 * local_size * chunk_bytes
+class Layout(NamedTuple):
+    """Byte offsets of the arena's regions; every rank derives the same from the settings."""
+
+    lines: int  # one control line per local rank
+    channel_lines: int  # two control lines per (source, destination) channel
+    data: int  # two buffers of local_size slots of chunk_bytes
+    channels: int  # local_size**2 channels of p2p_bytes
+    total: int
 
 
-def _data_offset(local_size: int) -> int:
-    control_end = HEADER_BYTES + local_size * LINE_BYTES
-    return (control_end + PAGE - 1) // PAGE * PAGE
+def layout(local_size: int, chunk_bytes: int, p2p_bytes: int) -> Layout:
+    """Where everything lives in a segment for ``local_size`` ranks."""
+    channel_lines = HEADER_BYTES + local_size * LINE_BYTES
+    data = _page_up(channel_lines + local_size * local_size * 2 * LINE_BYTES)
+    channels = data + 2 * local_size * chunk_bytes
+    return Layout(HEADER_BYTES, channel_lines, data, channels, channels + local_size * local_size * p2p_bytes)
+
+
+def _page_up(offset: int) -> int:
+    return (offset + PAGE - 1) // PAGE * PAGE
 
 
 class Arena:
     """This rank's handle on the node's shared segment: slots, steps and waits."""
 
-    def __init__(self, segment, local_rank: int, local_size: int, chunk_bytes: int,
+    def __init__(self, segment, local_rank: int, local_size: int, chunk_bytes: int, p2p_bytes: int,
                  timeout: timedelta, spin_ns: int, yield_ns: int, ranks: list[int]):
         self.segment = segment
         self.local_rank = local_rank
         self.local_size = local_size
         self.chunk_bytes = chunk_bytes
+        self.p2p_bytes = p2p_bytes
         self.timeout_s = timeout.total_seconds()
         self.spin_ns = spin_ns
         self.yield_ns = yield_ns
         self.ranks = ranks  # group rank of each local rank, for messages
         base = segment.address
-        self.lines = base + HEADER_BYTES
-        self.data = base + _data_offset(local_size)
+        regions = layout(local_size, chunk_bytes, p2p_bytes)
+        self.lines = base + regions.lines
+        self.channel_lines = base + regions.channel_lines
+        self.channel_data = base + regions.channels
+        self.data = base + regions.data
         self.buffer_bytes = local_size * chunk_bytes
         self.step = 0  # last step this rank posted
         self.all_reached = 0  # highest step every local rank is known to have reached
@@ -81,6 +101,11 @@ class Arena:
     def slot(self, buffer: int, local_rank: int) -> int:
         """Address of ``local_rank``'s slot in ``buffer``."""
         return self.data + buffer * self.buffer_bytes + local_rank * self.chunk_bytes
+
+    def channel(self, source: int, destination: int) -> tuple[int, int]:
+        """(control lines, data) addresses of the channel from ``source`` to ``destination``."""
+        index = source * self.local_size + destination
+        return (self.channel_lines + index * 2 * LINE_BYTES, self.channel_data + index * self.p2p_bytes)
 
     def rows(self, buffer: int, dtype: np.dtype) -> np.ndarray:
         """``buffer`` as a (local_size, chunk elements) array of ``dtype``; row r is rank r's slot."""
@@ -182,7 +207,7 @@ def _names(ranks: list[int], local_ranks) -> str:
 def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settings, timeout: timedelta,
                spin_ns: int, yield_ns: int, key: str = "shmcoll/arena") -> Arena:
     """Create (lowest local rank) or attach the node's segment; returns once it is unlinked."""
-    size = arena_bytes(local_size, settings.chunk_bytes)
+    size = layout(local_size, settings.chunk_bytes, settings.p2p_bytes).total
     if local_rank == 0:
         segment = _create_unique(settings.shm_dir, size, local_size)
         try:
@@ -200,7 +225,8 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
         if store.add(f"{key}/count", 1) == local_size - 1:
             store.set(f"{key}/mapped", "1")
         store.wait([f"{key}/unlinked"], timeout)
-    arena = Arena(segment, local_rank, local_size, settings.chunk_bytes, timeout, spin_ns, yield_ns, ranks)
+    arena = Arena(segment, local_rank, local_size, settings.chunk_bytes, settings.p2p_bytes, timeout, spin_ns,
+                  yield_ns, ranks)
     arena._record_pid()
     return arena
 
@@ -218,9 +244,8 @@ def _create_unique(directory: str, size: int, local_size: int):
                 raise OSError(
                     error.errno,
                     f"{error.strerror}. The shm arena for {local_size} local ranks needs {size} bytes; "
-                    f"lower SHMCOLL_CHUNK_BYTES (now {(size - _data_offset(local_size)) // (2 * local_size)}) "
-                    f"to shrink it, point SHMCOLL_SHM_DIR at a larger tmpfs, or enlarge /dev/shm "
-                    f"(docker run --shm-size=...)",
+                    f"lower SHMCOLL_CHUNK_BYTES or SHMCOLL_P2P_BYTES to shrink it, point SHMCOLL_SHM_DIR at "
+                    f"a larger tmpfs, or enlarge /dev/shm (docker run --shm-size=...)",
                 ) from None
             raise
     raise FileExistsError(f"could not find a free segment name in {directory}")

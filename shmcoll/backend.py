@@ -26,6 +26,7 @@ from shmcoll.algorithms import reduce_scatter as _reduce_scatter
 from shmcoll.algorithms import scatter as _scatter
 from shmcoll.arena import open_arena
 from shmcoll.errors import ShmcollError
+from shmcoll.p2p import PointToPoint, Recv, Send
 from shmcoll.work import CompletedWork, ProgressEngine
 
 _COMPLEX_OPS = {dist.ReduceOp.RedOpType.SUM, dist.ReduceOp.RedOpType.AVG, dist.ReduceOp.RedOpType.PREMUL_SUM}
@@ -86,6 +87,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         self._desc = 0  # descriptor of the collective in progress
         self._reducers: dict[str, object] = {}
         self._engine = ProgressEngine(f"rank{rank}")
+        self._p2p = None
         # Load every kernel before any collective, so none compiles on only some ranks.
         kernels.warm()
         if size == 1:
@@ -96,6 +98,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             self._arena = open_arena(store, rank, size, list(range(size)), self._settings, timeout,
                                      spin_ns, yield_ns)
             self._arena._describe = self._describe_current
+            self._p2p = PointToPoint(self._arena, f"rank{rank}")
         else:
             # Several nodes: correct through Gloo until the hierarchical plans land.
             self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
@@ -104,6 +107,26 @@ class ProcessGroupShm(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return "shm"
+
+    # torch names every group it creates; the base class keeps the name in its
+    # C++ backends, which a Python ProcessGroup has none of, so keep it here
+    # (DeviceMesh, FSDP2 and functional collectives look groups up by name).
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_group_desc", "undefined")
 
     @property
     def options(self):
@@ -519,11 +542,52 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         return self._launch(ops.descriptor(ops.BARRIER), body, [], opts)
 
+    # -- point-to-point ------------------------------------------------------
+
+    def _peer(self, peer: int, what: str) -> int:
+        if not 0 <= peer < self._size:
+            raise ValueError(f"{what}: rank {peer} is not in this group of {self._size} ranks")
+        if peer == self._rank:
+            raise ValueError(f"{what}: rank {peer} cannot exchange a message with itself")
+        return peer
+
+    def send(self, tensors, dstRank: int, tag: int = 0):
+        tensor = self._one_tensor(tensors, "send")
+        dst = self._peer(dstRank, "send")
+        if self._gloo is not None:
+            return self._gloo.send([tensor], dst, tag)
+        source = tensor.contiguous()
+        return self._p2p.start(Send(self._p2p, dst, source.data_ptr(), _nbytes(source), tag, [source]))
+
+    def recv(self, tensors, srcRank: int, tag: int = 0):
+        tensor = self._one_tensor(tensors, "recv")
+        src = self._peer(srcRank, "recv")
+        if self._gloo is not None:
+            return self._gloo.recv([tensor], src, tag)
+        return self._start_recv(tensor, src, tag)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        tensor = self._one_tensor(tensors, "recv")
+        if self._gloo is not None:
+            return self._gloo.recv_anysource([tensor], tag)
+        if self._size == 1:
+            raise ValueError("recv from any source in a group of one rank would never complete")
+        return self._start_recv(tensor, None, tag)
+
+    def _start_recv(self, tensor, src, tag):
+        if not tensor.is_contiguous():
+            raise ValueError("recv: the shm backend receives into contiguous tensors only; "
+                             "pass tensor.contiguous() and copy it back")
+        return self._p2p.start(Recv(self._p2p, src, tensor.data_ptr(), _nbytes(tensor), tag, [tensor]))
+
     # -- teardown ------------------------------------------------------------
 
     def shutdown(self) -> None:
         """Finish queued work, stop the progress thread and release the arena mapping."""
         self._engine.close()
+        if self._p2p is not None:
+            self._p2p.close()
+            self._p2p = None
         if self._arena is not None:
             self._arena.close()
             self._arena = None

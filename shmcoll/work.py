@@ -41,6 +41,8 @@ class CompletedWork(dist.Work):
     def source_rank(self) -> int:
         return self._source
 
+    _source_rank = source_rank  # the name torch.distributed.recv calls
+
     def synchronize(self) -> None:
         return None
 
@@ -100,6 +102,8 @@ class AsyncWork(dist.Work):
     def source_rank(self) -> int:
         self.wait()
         return self._source
+
+    _source_rank = source_rank  # the name torch.distributed.recv calls
 
     def synchronize(self) -> None:
         self.wait()

@@ -39,3 +39,11 @@ def test_rooted_and_scattered(world_size):
 def test_api_surface(world_size):
     result = spawn("tests.scenarios:api_surface", world_size, env=SMALL_CHUNKS)
     assert_job_passes(result, min_cases=7)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("config", ["default", "small_chunks"])
+def test_point_to_point(world_size, config):
+    env = {**SMALL_CHUNKS, "SHMCOLL_P2P_BYTES": "4096"} if config == "small_chunks" else {}
+    result = spawn("tests.scenarios:point_to_point", world_size, env=env)
+    assert_job_passes(result, min_cases=1 if world_size == 1 else 22)

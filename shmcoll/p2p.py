@@ -1,0 +1,265 @@
+"""Point-to-point messages through the arena's channels.
+
+Each ordered pair of local ranks owns a channel (see arena.py): the sender
+publishes chunk c in half c % 2 and bumps its sequence word; the receiver
+copies it out and bumps the acknowledgement word. Chunk c may be written once
+chunk c - 2 has been acknowledged, so big messages stream through two halves.
+Every half starts with a header (tag, message bytes, offset, chunk bytes)
+that the receiver checks against what it expects.
+
+Messages between two ranks arrive in the order they were sent; a tag is
+checked, not used to reorder (a receive that finds another tag first raises).
+
+Transfers are non-blocking state machines: ``advance()`` moves data as far as
+the channel allows and returns. A send or receive that can finish at once runs
+inline; the rest progress together on the group's p2p thread, so isend/irecv
+pairs in any order never deadlock.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from shmcoll import _sync
+from shmcoll._copy import copy
+from shmcoll.errors import PeerDiedError, PeerTimeoutError, ShmcollError
+from shmcoll.work import AsyncWork, CompletedWork
+
+HEADER_BYTES = 64
+
+
+def _reached(seen: int, target: int) -> bool:
+    return ((seen - target) & 0xFFFFFFFF) < 0x80000000
+
+
+class _Transfer:
+    """State shared by sends and receives: where the bytes are and how far they got."""
+
+    def __init__(self, p2p, peer, addr: int, nbytes: int, tag: int, result):
+        self.p2p = p2p
+        self.peer = peer  # local rank, or None for a receive from any source
+        self.addr = addr
+        self.nbytes = nbytes
+        self.tag = tag
+        self.offset = 0
+        self.done = False
+        self.result = result
+        self.last_progress = time.monotonic()
+
+
+class Send(_Transfer):
+    kind = "send"
+
+    def key(self):
+        return ("send", self.peer)
+
+    def describe(self) -> str:
+        return f"send of {self.nbytes} bytes (tag {self.tag}) to rank {self.p2p.ranks[self.peer]}"
+
+    def advance(self) -> bool:
+        p2p, peer = self.p2p, self.peer
+        lines, data = p2p.arena.channel(p2p.me, peer)
+        moved = False
+        while not self.done:
+            chunk = p2p.sent[peer]
+            if not _reached(_sync.load_step(lines, 1), chunk - 1):
+                break  # the half still holds chunk - 2, not yet read
+            n = min(p2p.payload, self.nbytes - self.offset)
+            half = data + (chunk & 1) * p2p.half_bytes
+            p2p.write_header(half, self.tag, self.nbytes, self.offset, n)
+            copy(half + HEADER_BYTES, self.addr + self.offset, n)
+            p2p.sent[peer] = chunk + 1
+            _sync.post(lines, 0, (chunk + 1) & 0xFFFFFFFF, 0)
+            self.offset += n
+            self.done = self.offset >= self.nbytes
+            moved = True
+        return moved
+
+    def wait_target(self):
+        lines, _ = self.p2p.arena.channel(self.p2p.me, self.peer)
+        return lines, 1, (self.p2p.sent[self.peer] - 1) & 0xFFFFFFFF
+
+
+class Recv(_Transfer):
+    kind = "recv"
+
+    def key(self):
+        return ("recv", self.peer)
+
+    def describe(self) -> str:
+        source = "any rank" if self.peer is None else f"rank {self.p2p.ranks[self.peer]}"
+        return f"receive of {self.nbytes} bytes (tag {self.tag}) from {source}"
+
+    def _ready(self, peer) -> bool:
+        lines, _ = self.p2p.arena.channel(peer, self.p2p.me)
+        return _reached(_sync.load_step(lines, 0), self.p2p.received[peer] + 1)
+
+    def advance(self) -> bool:
+        p2p = self.p2p
+        if self.peer is None:  # any source: the first peer with a message waiting
+            for peer in range(p2p.size):
+                if peer != p2p.me and self._ready(peer):
+                    self.peer = peer
+                    break
+            else:
+                return False
+        peer = self.peer
+        lines, data = p2p.arena.channel(peer, p2p.me)
+        moved = False
+        while not self.done and self._ready(peer):
+            chunk = p2p.received[peer]
+            half = data + (chunk & 1) * p2p.half_bytes
+            tag, total, offset, n = p2p.read_header(half)
+            if tag != self.tag or total != self.nbytes or offset != self.offset:
+                raise ShmcollError(
+                    f"rank {p2p.ranks[p2p.me]} expected a message of {self.nbytes} bytes with tag {self.tag} from "
+                    f"rank {p2p.ranks[peer]} but the next one sent has {total} bytes and tag {tag}; messages "
+                    f"between two ranks are delivered in the order sent")
+            copy(self.addr + self.offset, half + HEADER_BYTES, n)
+            p2p.received[peer] = chunk + 1
+            _sync.post(lines, 1, (chunk + 1) & 0xFFFFFFFF, 0)
+            self.offset += n
+            self.done = self.offset >= self.nbytes
+            moved = True
+        return moved
+
+    def wait_target(self):
+        if self.peer is None:
+            return None
+        lines, _ = self.p2p.arena.channel(self.peer, self.p2p.me)
+        return lines, 0, (self.p2p.received[self.peer] + 1) & 0xFFFFFFFF
+
+
+class PointToPoint:
+    """One group's channels on this rank, and the thread that progresses pending transfers."""
+
+    def __init__(self, arena, name: str):
+        self.arena = arena
+        self.me = arena.local_rank
+        self.size = arena.local_size
+        self.ranks = arena.ranks
+        self.half_bytes = arena.p2p_bytes // 2
+        self.payload = self.half_bytes - HEADER_BYTES
+        self.sent = [0] * self.size  # chunks this rank posted on its channel to each peer
+        self.received = [0] * self.size  # chunks this rank consumed from each peer
+        self._words = np.frombuffer(arena.segment, dtype=np.int64)
+        self._base = arena.segment.address
+        self._name = name
+        self._cv = threading.Condition()
+        self._pending: list[tuple[_Transfer, AsyncWork]] = []
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._timeout_s = arena.timeout_s
+
+    # -- headers ---------------------------------------------------------------
+
+    def write_header(self, half: int, tag: int, total: int, offset: int, n: int) -> None:
+        i = (half - self._base) // 8
+        self._words[i:i + 4] = (tag, total, offset, n)
+
+    def read_header(self, half: int):
+        i = (half - self._base) // 8
+        return (int(x) for x in self._words[i:i + 4])
+
+    # -- issuing ---------------------------------------------------------------
+
+    def start(self, transfer: _Transfer):
+        """Finish ``transfer`` inline if it can, else queue it; return its Work."""
+        with self._cv:
+            if self._closed:
+                raise ShmcollError(f"point-to-point engine {self._name} was shut down")
+            if not self._pending:
+                transfer.advance()
+                if transfer.done:
+                    return CompletedWork(transfer.result, self._source(transfer))
+            work = AsyncWork(transfer.result, transfer.describe())
+            self._pending.append((transfer, work))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=f"shmcoll-p2p-{self._name}", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        return work
+
+    def _source(self, transfer) -> int:
+        return self.ranks[transfer.peer] if transfer.kind == "recv" else -1
+
+    # -- progress thread -------------------------------------------------------
+
+    def _advance_all(self) -> bool:
+        """One pass over pending transfers, FIFO per channel; True if any moved."""
+        moved = False
+        blocked: set = set()
+        any_recv_blocked = False
+        still = []
+        for transfer, work in self._pending:
+            key = transfer.key()
+            is_recv = transfer.kind == "recv"
+            if key in blocked or (is_recv and (any_recv_blocked or (transfer.peer is None and
+                                                                    any(k[0] == "recv" for k in blocked)))):
+                blocked.add(key)
+                still.append((transfer, work))
+                continue
+            try:
+                if transfer.advance():
+                    moved = True
+                    transfer.last_progress = time.monotonic()
+                self._check_stalled(transfer)
+            except BaseException as error:
+                work._finish(error)
+                continue
+            if transfer.done:
+                work._finish(None, self._source(transfer))
+            else:
+                blocked.add(key)
+                any_recv_blocked |= is_recv and transfer.peer is None
+                still.append((transfer, work))
+        self._pending = still
+        return moved
+
+    def _check_stalled(self, transfer) -> None:
+        idle = time.monotonic() - transfer.last_progress
+        if idle < 0.5:
+            return
+        peers = [transfer.peer] if transfer.peer is not None else [p for p in range(self.size) if p != self.me]
+        dead = [p for p in peers if not _sync.process_alive(self.arena.pid(p))]
+        if dead:
+            raise PeerDiedError(f"rank(s) {', '.join(str(self.ranks[p]) for p in dead)} died during the "
+                                f"{transfer.describe()} on rank {self.ranks[self.me]}")
+        if idle > self._timeout_s:
+            raise PeerTimeoutError(f"{transfer.describe()} on rank {self.ranks[self.me]} made no progress for "
+                                   f"{self._timeout_s:g} s")
+
+    def _loop(self) -> None:
+        idle_passes = 0
+        while True:
+            with self._cv:
+                while not self._pending:
+                    if self._closed:
+                        return
+                    self._cv.wait()
+                    idle_passes = 0
+                moved = self._advance_all()
+                single = self._pending[0][0].wait_target() if len(self._pending) == 1 else None
+            if moved:
+                idle_passes = 0
+            elif single is not None:
+                # One transfer waiting on one word: sleep on it (spin, yield, futex), 1 ms at most.
+                lines, index, target = single
+                _sync.wait_rank(lines, index, target, self.arena.spin_ns, self.arena.yield_ns, 1_000_000)
+            else:
+                idle_passes += 1
+                time.sleep(0 if idle_passes < 50 else min(1e-3, 1e-5 * idle_passes))
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            for _, work in self._pending:
+                work._finish(ShmcollError(f"{self._name}: process group shut down with this transfer pending"))
+            self._pending = []
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._words = None
