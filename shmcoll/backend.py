@@ -7,6 +7,7 @@ nothing is queued; on the progress thread otherwise).
 """
 from __future__ import annotations
 
+import functools
 import os
 from datetime import timedelta
 
@@ -29,6 +30,10 @@ from shmcoll.errors import ShmcollError
 from shmcoll.p2p import PointToPoint, Recv, Send
 from shmcoll.work import CompletedWork, ProgressEngine
 
+# Our method name -> the C++ Backend's Python name, where they differ.
+_BACKEND_NAMES = {"all_gather_single": "_allgather_base", "reduce_scatter_single": "_reduce_scatter_base",
+                  "all_to_all_single": "alltoall_base", "allgather_into_tensor_coalesced": "allgather_coalesced"}
+
 _COMPLEX_OPS = {dist.ReduceOp.RedOpType.SUM, dist.ReduceOp.RedOpType.AVG, dist.ReduceOp.RedOpType.PREMUL_SUM}
 
 
@@ -45,6 +50,30 @@ def _wait_policy(settings, local_size: int) -> tuple[int, int]:
     spin_us = settings.spin_us if settings.spin_us is not None else (0.0 if oversubscribed else 20.0)
     yield_us = settings.yield_us if settings.yield_us is not None else (200.0 if oversubscribed else 500.0)
     return int(spin_us * 1000), int(yield_us * 1000)
+
+
+def _first_tensor(args):
+    """The first tensor in a collective's arguments (tensors, lists, or lists of lists)."""
+    for arg in args:
+        while isinstance(arg, (list, tuple)) and arg:
+            arg = arg[0]
+        if isinstance(arg, torch.Tensor):
+            return arg
+    return None
+
+
+def _route_devices(method):
+    """Send calls on non-CPU tensors to the group's backend for that device (e.g. 'cuda:nccl')."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self, *args):
+        tensor = _first_tensor(args)
+        if tensor is not None and not tensor.is_cpu:
+            return self._on_device(tensor.device, name, args)
+        return method(self, *args)
+
+    return wrapper
 
 
 def _check_tensor(tensor, what: str) -> None:
@@ -92,11 +121,15 @@ class ProcessGroupShm(dist.ProcessGroup):
         kernels.warm()
         if size == 1:
             return
-        topo = topology.discover(store, rank, size, topology.host_identity(self._settings.hostid))
+        # torch reuses a group's store prefix when a process initialises again, so every
+        # key of ours lives under this incarnation's number: each rank adds 1 once.
+        incarnation = (store.add("shmcoll/incarnation", 1) - 1) // size
+        keys = f"shmcoll/{incarnation}"
+        topo = topology.discover(store, rank, size, topology.host_identity(self._settings.hostid), keys)
         if topo.single_node:
             spin_ns, yield_ns = _wait_policy(self._settings, size)
             self._arena = open_arena(store, rank, size, list(range(size)), self._settings, timeout,
-                                     spin_ns, yield_ns)
+                                     spin_ns, yield_ns, key=f"{keys}/arena")
             self._arena._describe = self._describe_current
             self._p2p = PointToPoint(self._arena, f"rank{rank}")
         else:
@@ -193,11 +226,22 @@ class ProcessGroupShm(dist.ProcessGroup):
             raise ValueError(f"{what} has {len(tensors)} tensors; the group has {self._size} ranks")
         return tensors
 
+    def _on_device(self, device, name: str, args):
+        try:
+            backend = self._get_backend(device)
+        except RuntimeError:
+            backend = None
+        if backend is None or backend is self:
+            raise ValueError(f"{name}: the shm backend handles CPU tensors only, got a tensor on {device}; "
+                             f"name a backend for that device, e.g. init_process_group('cpu:shm,cuda:nccl')")
+        return getattr(backend, _BACKEND_NAMES.get(name, name))(*args)
+
     def _delegate(self, name: str, *args):
         return getattr(self._gloo, name)(*args)
 
     # -- reductions ----------------------------------------------------------
 
+    @_route_devices
     def allreduce(self, tensors, opts=None):
         tensor = self._one_tensor(tensors, "all_reduce")
         redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -221,6 +265,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         return self._launch(ops.descriptor(ops.ALLREDUCE, count, dtype.code, op.code), body, [tensor], opts)
 
+    @_route_devices
     def allreduce_coalesced(self, tensors, opts=None):
         """All tensors reduced as one flat buffer (one collective, not one per tensor)."""
         if self._gloo is not None:
@@ -242,6 +287,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             offset += t.numel()
         return CompletedWork(list(tensors))
 
+    @_route_devices
     def reduce(self, tensors, opts=None):
         tensor = self._one_tensor(tensors, "reduce")
         root = self._root(opts.rootRank if opts is not None else 0, "reduce")
@@ -265,6 +311,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         return self._launch(ops.descriptor(ops.REDUCE, count, dtype.code, op.code, root), body, [tensor], opts)
 
+    @_route_devices
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         output = self._one_tensor(output_tensors, "reduce_scatter output")
         if len(input_lists) != 1:
@@ -279,6 +326,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         stacked = torch.cat([t.reshape(-1) for t in inputs]) if output.numel() else output.reshape(-1)
         return self._reduce_scatter_flat(output, stacked, opts, [output])
 
+    @_route_devices
     def reduce_scatter_single(self, output, input, opts=None):
         _check_tensor(output, "reduce_scatter_tensor output")
         _check_tensor(input, "reduce_scatter_tensor input")
@@ -321,6 +369,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         return self._launch(ops.descriptor(ops.REDUCE_SCATTER, count, dtype.code, op.code), body, result, opts)
 
+    @_route_devices
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         if len(outputs) != len(inputs):
             raise ValueError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
@@ -333,6 +382,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
     # -- data movement -------------------------------------------------------
 
+    @_route_devices
     def broadcast(self, tensors, opts=None):
         tensor = self._one_tensor(tensors, "broadcast")
         root = self._root(opts.rootRank if opts is not None else 0, "broadcast")
@@ -349,6 +399,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         return self._launch(ops.descriptor(ops.BROADCAST, nbytes, 0, 0, root), body, [tensor], opts)
 
+    @_route_devices
     def allgather(self, output_lists, input_tensors, opts=None):
         tensor = self._one_tensor(input_tensors, "all_gather")
         if len(output_lists) != 1:
@@ -374,6 +425,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         return self._launch(ops.descriptor(ops.ALLGATHER, nbytes), body, output_lists, opts)
 
+    @_route_devices
     def all_gather_single(self, output, input, opts=None):
         _check_tensor(input, "all_gather_into_tensor input")
         _check_tensor(output, "all_gather_into_tensor output")
@@ -400,6 +452,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    @_route_devices
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         if len(output_lists) != len(input_list):
             raise ValueError(f"all_gather_coalesced: {len(output_lists)} output lists for {len(input_list)} inputs")
@@ -408,6 +461,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             self.allgather([outputs], [tensor], sync)
         return CompletedWork(output_lists)
 
+    @_route_devices
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         if len(outputs) != len(inputs):
             raise ValueError(f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
@@ -418,6 +472,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
+    @_route_devices
     def gather(self, output_lists, input_tensors, opts=None):
         tensor = self._one_tensor(input_tensors, "gather")
         root = self._root(opts.rootRank if opts is not None else 0, "gather")
@@ -447,6 +502,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         return self._launch(ops.descriptor(ops.GATHER, nbytes, 0, 0, root), body, output_lists, opts)
 
+    @_route_devices
     def scatter(self, output_tensors, input_lists, opts=None):
         output = self._one_tensor(output_tensors, "scatter output")
         root = self._root(opts.rootRank if opts is not None else 0, "scatter")
@@ -475,6 +531,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         return self._launch(ops.descriptor(ops.SCATTER, nbytes, 0, 0, root), body, [output], opts)
 
+    @_route_devices
     def alltoall(self, output_tensors, input_tensors, opts=None):
         outputs = self._list_of_size(output_tensors, "all_to_all output list")
         inputs = self._list_of_size(input_tensors, "all_to_all input list")
@@ -503,6 +560,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         return self._launch(ops.descriptor(ops.ALLTOALL, sizes_in[0] if uniform else 0), body, output_tensors, opts)
 
+    @_route_devices
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         _check_tensor(input, "all_to_all_single input")
         _check_tensor(output, "all_to_all_single output")
@@ -551,6 +609,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             raise ValueError(f"{what}: rank {peer} cannot exchange a message with itself")
         return peer
 
+    @_route_devices
     def send(self, tensors, dstRank: int, tag: int = 0):
         tensor = self._one_tensor(tensors, "send")
         dst = self._peer(dstRank, "send")
@@ -559,6 +618,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         source = tensor.contiguous()
         return self._p2p.start(Send(self._p2p, dst, source.data_ptr(), _nbytes(source), tag, [source]))
 
+    @_route_devices
     def recv(self, tensors, srcRank: int, tag: int = 0):
         tensor = self._one_tensor(tensors, "recv")
         src = self._peer(srcRank, "recv")
@@ -566,6 +626,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             return self._gloo.recv([tensor], src, tag)
         return self._start_recv(tensor, src, tag)
 
+    @_route_devices
     def recv_anysource(self, tensors, tag: int = 0):
         tensor = self._one_tensor(tensors, "recv")
         if self._gloo is not None:

@@ -30,10 +30,10 @@ def host_identity(override: str | None) -> str:
     return f"{socket.gethostname()}:{boot}"
 
 
-def discover(store, rank: int, size: int, hostid: str) -> Topology:
+def discover(store, rank: int, size: int, hostid: str, prefix: str = "shmcoll") -> Topology:
     """Publish our host identity and group ranks by identical identities."""
-    store.set(f"shmcoll/host/{rank}", hostid)
-    keys = [f"shmcoll/host/{r}" for r in range(size)]
+    store.set(f"{prefix}/host/{rank}", hostid)
+    keys = [f"{prefix}/host/{r}" for r in range(size)]
     ids = [value.decode() for value in store.multi_get(keys)]
     nodes: dict[str, list[int]] = {}
     for r, ident in enumerate(ids):

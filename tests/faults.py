@@ -23,6 +23,7 @@ functions inside the rank that asks for them.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -72,11 +73,13 @@ class Rank:
 
     # process groups ----------------------------------------------------------
 
-    def store(self):
+    def store(self, timeout: timedelta):
+        """Client of the test's store; like env:// does, its timeout is the group's."""
         kind = self.spec["store"]
         if self._base_store is None and kind.startswith("tcp:"):
             _, host, port = kind.split(":")
-            self._base_store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+            self._base_store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+        self._base_store.set_timeout(timeout)
         return self._base_store
 
     def init(self, timeout: float = 60, backend: str = "shm", prefix: str | None = None) -> None:
@@ -84,7 +87,7 @@ class Rank:
         if self.spec["store"] == "env":
             dist.init_process_group(backend, init_method="env://", timeout=td)
             return
-        store = self.store()
+        store = self.store(td)
         if prefix:
             store = dist.PrefixStore(prefix, store)
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=td)
@@ -92,22 +95,32 @@ class Rank:
     # hooks -------------------------------------------------------------------
 
     def hook_segment(self, name: str, before=None, after=None) -> None:
-        """Wrap ``shmcoll._segment.NAME`` in this process (arena.py calls it through the module)."""
-        original = getattr(_segment, name)
+        """Wrap ``shmcoll._segment.NAME`` in this process (arena.py calls it through the module).
 
-        def wrapper(*args, **kwargs):
-            if before:
-                before(*args)
-            result = original(*args, **kwargs)
-            if after:
-                after(*args)
-            return result
+        A name ending in '*' wraps every function of that prefix ('create*': however the
+        arena creates its segment, named or not).
+        """
+        names = [n for n in dir(_segment) if n.startswith(name[:-1]) and callable(getattr(_segment, n))] \
+            if name.endswith("*") else [name]
+        for each in names:
+            original = getattr(_segment, each)
+            if isinstance(original, type):
+                continue
 
-        setattr(_segment, name, wrapper)
+            def wrapper(*args, _original=original, **kwargs):
+                if before:
+                    before(*args)
+                result = _original(*args, **kwargs)
+                if after:
+                    after(*args)
+                return result
+
+            setattr(_segment, each, wrapper)
 
     def track_segment_phases(self) -> None:
-        """Markers 'created' and 'unlinked' around the arena's segment lifecycle."""
-        self.hook_segment("create", after=lambda path, size: self.mark("created", path=path))
+        """Markers 'creating', 'created' and 'unlinked' around the arena's segment lifecycle."""
+        self.hook_segment("create*", before=lambda *a: self.mark("creating", path=a[0]),
+                          after=lambda *a: self.mark("created", path=a[0]))
         self.hook_segment("unlink_path", after=lambda path: self.mark("unlinked", path=path))
 
 
@@ -128,6 +141,7 @@ def _suicide(rank: Rank, sig=signal.SIGKILL) -> None:
 # -- entry points -------------------------------------------------------------
 
 def _run(scenario: str, spec: dict) -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks before killing a hung rank
     os.environ.update({k: str(v) for k, v in spec.get("env", {}).items()})
     rank = Rank(spec)
     rank.mark("start", pid=os.getpid())
@@ -255,9 +269,28 @@ def missing_rank(rank: Rank, kind: str, missing: int, timeout: float, numel: int
 
 # -- 3. leaks -----------------------------------------------------------------
 
-def churn(rank: Rank, iters: int = 20, timeout: float = 3, numels=(2, 70_000)):
-    """A short job: init, ``iters`` collectives, destroy. Markers tell where a kill landed."""
+def churn(rank: Rank, iters: int = 20, timeout: float = 3, numels=(2, 70_000), victim: int | None = None,
+          kill_after: float | None = None, anchor: str = "start"):
+    """A short job: init, ``iters`` collectives, destroy. Markers tell where a kill landed.
+
+    ``kill_after``: SIGKILL rank ``victim`` that many seconds after ``anchor``: its
+    start, or the moment it starts creating the arena's segment ('creating'). A
+    timer thread fires it (the test's own polling would be too coarse to land
+    inside a sub-millisecond window; a 0.1 ms GIL switch interval lets the
+    timer fire even while the main thread runs Python code).
+    """
+    def arm(*_):
+        sys.setswitchinterval(1e-4)
+        timer = threading.Timer(kill_after, os.kill, (os.getpid(), signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
+
+    armed = kill_after is not None and rank.rank == victim
+    if armed and anchor == "start":
+        arm()
     rank.track_segment_phases()
+    if armed and anchor == "creating":
+        rank.hook_segment("create*", before=arm)
     rank.mark("init")
     rank.init(timeout=timeout)
     rank.mark("ready")
@@ -277,12 +310,12 @@ def targeted_kill(rank: Rank, who: int, point: str, sig: int = int(signal.SIGKIL
     """
     rank.track_segment_phases()
     if rank.rank == who and point == "after_create":
-        rank.hook_segment("create", after=lambda *a: _suicide(rank, sig))
+        rank.hook_segment("create*", after=lambda *a: _suicide(rank, sig))
     if point == "while_waiting":
         if rank.rank != 0:
             rank.hook_segment("attach", before=lambda *a: time.sleep(1.5))
         elif rank.rank == who:
-            rank.hook_segment("create", after=lambda *a: _delayed_signal(rank, 0.5, sig))
+            rank.hook_segment("create*", after=lambda *a: _delayed_signal(rank, 0.5, sig))
     rank.mark("init")
     rank.init(timeout=timeout)
     rank.mark("ready")
@@ -295,7 +328,9 @@ def _delayed_signal(rank: Rank, delay: float, sig: int) -> None:
         rank.mark("killed")
         os.kill(os.getpid(), sig)
 
-    threading.Timer(delay, fire).start()
+    timer = threading.Timer(delay, fire)
+    timer.daemon = True
+    timer.start()
 
 
 def normal_exit(rank: Rank):
@@ -483,15 +518,19 @@ def bad_input(rank: Rank, backend: str = "shm", timeout: float = 10.0, asym_time
 # -- 6. teardown --------------------------------------------------------------
 
 def _process_state(shm_dir: str) -> dict:
-    maps = [line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
-            for line in open("/proc/self/maps") if "shmcoll-" in line]
+    def ours(path: str) -> bool:  # a segment file, mapped or open, unlinked or never named (O_TMPFILE)
+        path = path.removesuffix(" (deleted)")
+        return os.path.basename(path).startswith("shmcoll-") or path.startswith(shm_dir.rstrip("/") + "/")
+
+    maps = [line.split(None, 5)[5].strip() for line in open("/proc/self/maps")
+            if len(line.split(None, 5)) == 6 and ours(line.split(None, 5)[5].strip())]
     fds = []
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if "shmcoll-" in target:
+        if ours(target):
             fds.append(target)
     tasks = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
     return {"os_threads": len(tasks), "os_thread_names": tasks,
@@ -513,6 +552,15 @@ def reinit(rank: Rank, cycles: int = 3):
         b = torch.full((10,), float(rank.rank))
         dist.broadcast(b, src=rank.world - 1)
         ok = ok and bool((b == rank.world - 1).all())
+        if hasattr(dist, "isend"):  # point-to-point, which may run on a thread of its own
+            p = torch.full((1000,), float(rank.rank))
+            peer = (rank.rank + 1) % rank.world
+            src = (rank.rank - 1) % rank.world
+            got = torch.empty(1000)
+            reqs = [dist.irecv(got, src), dist.isend(p, peer)]
+            for req in reqs:
+                req.wait()
+            ok = ok and bool((got == src).all())
         dist.barrier()
         threads_in_use = sorted(t.name for t in threading.enumerate())
         dist.destroy_process_group()

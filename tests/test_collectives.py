@@ -47,3 +47,11 @@ def test_point_to_point(world_size, config):
     env = {**SMALL_CHUNKS, "SHMCOLL_P2P_BYTES": "4096"} if config == "small_chunks" else {}
     result = spawn("tests.scenarios:point_to_point", world_size, env=env)
     assert_job_passes(result, min_cases=1 if world_size == 1 else 22)
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_lifecycle(world_size):
+    before = shm_entries()
+    result = spawn("tests.scenarios:lifecycle", world_size)
+    assert_job_passes(result, min_cases=4)
+    assert shm_entries() - before == set()
