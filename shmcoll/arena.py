@@ -93,6 +93,7 @@ class Arena:
         self.all_reached = 0  # highest step every local rank is known to have reached
         self._raw = np.frombuffer(segment, dtype=np.uint8)
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
+        self._one_shot: dict = {}
         self._line_words = self._raw[HEADER_BYTES:HEADER_BYTES + local_size * LINE_BYTES].view(np.int32)
         self._describe = None  # set by the caller: step -> text naming the collective
 
@@ -115,6 +116,18 @@ class Arena:
             view = self._raw[start:start + self.buffer_bytes].view(dtype).reshape(self.local_size, -1)
             self._views[(buffer, dtype)] = view
         return view
+
+    def one_shot_views(self, buffer: int, dtype: np.dtype, count: int):
+        """(our slot in the other buffer, row 0, rows 1..) of ``count`` elements; cached, small messages repeat."""
+        key = (buffer, dtype, count)
+        views = self._one_shot.get(key)
+        if views is None:
+            if len(self._one_shot) > 256:
+                self._one_shot.clear()
+            rows = self.rows(buffer, dtype)
+            views = (self.rows(buffer ^ 1, dtype)[self.local_rank, :count], rows[0, :count], rows[1:, :count])
+            self._one_shot[key] = views
+        return views
 
     # -- steps ---------------------------------------------------------------
 
@@ -192,6 +205,7 @@ class Arena:
     def close(self) -> None:
         """Drop this rank's mapping (views first, so the unmap happens now)."""
         self._views.clear()
+        self._one_shot.clear()
         self._raw = self._line_words = None
         self.segment.close()
 

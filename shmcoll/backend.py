@@ -114,7 +114,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         self._gloo = None
         self._seq = 0  # collectives started on this group, for messages
         self._desc = 0  # descriptor of the collective in progress
-        self._reducers: dict[str, object] = {}
+        self._plans: dict = {}  # (reduce op kind, dtype) -> resolved reduction
         self._engine = ProgressEngine(f"rank{rank}")
         self._p2p = None
         # Load every kernel before any collective, so none compiles on only some ranks.
@@ -201,18 +201,26 @@ class ProcessGroupShm(dist.ProcessGroup):
         return root
 
     def _reduction(self, redop, tensor, what: str):
-        """(op, dtype, kernel, scale, tensor to reduce) for a reduction of ``tensor``."""
+        """(op, dtype, kernel, scale, tensor to reduce) for a reduction of ``tensor``; cached per kind."""
         kind = redop.op if isinstance(redop, dist.ReduceOp) else redop
-        if tensor.is_complex():
+        plan = self._plans.get((kind, tensor.dtype))
+        if plan is None:
+            plan = self._plans[(kind, tensor.dtype)] = self._plan_reduction(kind, tensor, what)
+        op, dtype, kernel, scale, as_real, premul = plan
+        if premul:  # a flag: comparing pybind enums costs half a microsecond
+            scale = ops.premul_factor(redop)
+        return op, dtype, kernel, scale, (torch.view_as_real(tensor) if as_real else tensor)
+
+    def _plan_reduction(self, kind, tensor, what: str):
+        as_real = tensor.is_complex()
+        if as_real:
             if kind not in _COMPLEX_OPS:
-                raise ValueError(f"{what}: {redop} is not defined for complex tensors (only SUM, AVG, PREMUL_SUM)")
+                raise ValueError(f"{what}: {kind} is not defined for complex tensors (only SUM, AVG, PREMUL_SUM)")
             tensor = torch.view_as_real(tensor)
-        op, dtype = ops.reduce_op(redop, tensor.dtype)
-        kernel = self._reducers.get(dtype.name)
-        if kernel is None:
-            kernel = self._reducers[dtype.name] = kernels.reducer(dtype.name)
-        scale = float(self._size) if op.average else ops.premul_factor(redop)
-        return op, dtype, kernel, scale, tensor
+        op, dtype = ops.reduce_op(kind, tensor.dtype)
+        kernel = kernels.reducer(dtype.name)
+        scale = float(self._size) if op.average else 1.0
+        return op, dtype, kernel, scale, as_real, kind == dist.ReduceOp.RedOpType.PREMUL_SUM
 
     def _same_shape(self, tensors, like, what: str) -> None:
         for i, t in enumerate(tensors):

@@ -74,7 +74,7 @@ def reduce_op(redop, dtype: torch.dtype) -> tuple[Op, DType]:
     if _OPS is None:
         _OPS = _op_table()
         _OP_NAME_BY_CODE.update({o.code: o.name for o in _OPS.values()})
-    kind = redop.op if isinstance(redop, ReduceOp) else redop
+    kind = redop if isinstance(redop, ReduceOp.RedOpType) else redop.op
     op = _OPS.get(kind)
     if op is None:
         if kind == ReduceOp.RedOpType.PREMUL_SUM:

@@ -117,7 +117,8 @@ class ProgressEngine:
 
     def __init__(self, name: str):
         self._name = name
-        self._cv = threading.Condition()
+        self._cv = threading.Condition(threading.Lock())
+        self._waiters = 0  # threads blocked in drain() or the loop, to skip needless notifies
         self._queue: collections.deque = collections.deque()
         self._running = False  # a collective is executing (inline or on the thread)
         self._thread: threading.Thread | None = None
@@ -135,7 +136,8 @@ class ProgressEngine:
             finally:
                 with self._cv:
                     self._running = False
-                    self._cv.notify_all()
+                    if self._waiters:
+                        self._cv.notify_all()
             return CompletedWork(result, -1 if source is None else source)
         work = AsyncWork(result, describe())
         with self._cv:
@@ -157,7 +159,9 @@ class ProgressEngine:
                 while not self._queue or self._running:
                     if self._closed and not self._queue:
                         return
+                    self._waiters += 1
                     self._cv.wait()
+                    self._waiters -= 1
                 run, work = self._queue.popleft()
                 self._running = True
             try:
@@ -174,7 +178,9 @@ class ProgressEngine:
         """Wait until everything issued so far has finished."""
         with self._cv:
             while self._queue or self._running:
+                self._waiters += 1
                 self._cv.wait()
+                self._waiters -= 1
 
     def close(self) -> None:
         """Finish queued work, then stop the thread."""

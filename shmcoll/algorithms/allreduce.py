@@ -17,10 +17,9 @@ def one_shot(arena, addr: int, count: int, itemsize: int, np_dtype, kernel, op: 
     arena.post(step, desc)
     arena.wait_all(step)
     arena.check_same_collective(step, desc)
-    rows = arena.rows(buf, np_dtype)
-    # Our slot in the other buffer is free: every peer has finished step - 1.
-    out = arena.rows(buf ^ 1, np_dtype)[me, :count]
-    kernel(out, rows[0, :count], rows[1:, :count], op, scale)
+    # Reduce into our slot of the other buffer (free: every peer has finished step - 1).
+    out, first, rest = arena.one_shot_views(buf, np_dtype, count)
+    kernel(out, first, rest, op, scale)
     copy(addr, arena.slot(buf ^ 1, me), nbytes)
 
 
