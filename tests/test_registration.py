@@ -35,3 +35,25 @@ def test_torchrun_script_without_import_of_shmcoll():
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("all_reduce ok") == 3, out.stdout + out.stderr
     assert shm_entries() - before == set()
+
+
+def test_info_command_runs_without_torchrun():
+    out = subprocess.run([sys.executable, "-m", "shmcoll", "info"], capture_output=True, text=True, timeout=120,
+                         cwd="/", env={**os.environ, "SHMCOLL_CHUNK_BYTES": "1M"})
+    assert out.returncode == 0, out.stderr
+    for expected in ("torch entry point", "shmcoll._autoload:register", "/dev/shm", "kernel cache",
+                     "$SHMCOLL_CHUNK_BYTES  1M", "chunk_bytes", "1048576"):
+        assert expected in out.stdout, (expected, out.stdout)
+
+
+def test_bad_setting_names_its_variable():
+    out = _python("""
+        import os
+        os.environ["SHMCOLL_CHUNK_BYTES"] = "lots"
+        from shmcoll import _env
+        try:
+            _env.read_settings()
+        except ValueError as error:
+            print(error)
+    """)
+    assert "SHMCOLL_CHUNK_BYTES='lots'" in out.stdout, out.stdout + out.stderr
