@@ -17,13 +17,14 @@ from cpython.buffer cimport PyBuffer_FillInfo
 
 cdef extern from "<fcntl.h>" nogil:
     int open(const char *path, int flags, ...)
-    int O_RDWR, O_CREAT, O_EXCL, O_CLOEXEC, O_NOFOLLOW
+    int O_RDWR, O_CREAT, O_EXCL, O_CLOEXEC, O_NOFOLLOW, O_TMPFILE
     int posix_fallocate(int fd, long offset, long length)
 
 cdef extern from "<unistd.h>" nogil:
     int close(int fd)
     int unlink(const char *path)
     unsigned int geteuid()
+    int getpid()
 
 cdef extern from "<sys/stat.h>" nogil:
     struct stat:
@@ -85,13 +86,21 @@ cdef class Segment:
     cdef readonly Py_ssize_t size
     cdef readonly str path
     cdef readonly bint created
+    cdef readonly int fd  # kept open by create_unnamed() until release_fd(): peers open /proc/PID/fd/FD
     cdef int exports
     cdef bint closing
 
     def __cinit__(self):
         self.base = NULL
+        self.fd = -1
         self.exports = 0
         self.closing = False
+
+    def release_fd(self):
+        """Close the descriptor that lets peers open an unnamed segment; the mapping stays."""
+        if self.fd >= 0:
+            close(self.fd)
+            self.fd = -1
 
     @property
     def address(self):
@@ -137,6 +146,8 @@ cdef class Segment:
     def __dealloc__(self):
         # Buffers hold a reference to the segment, so none is alive here.
         self._unmap()
+        if self.fd >= 0:
+            close(self.fd)
 
     def __repr__(self):
         state = "closed" if self.closed else f"at 0x{<uintptr_t>self.base:x}"
@@ -183,11 +194,53 @@ def create(str path, Py_ssize_t size):
     return seg
 
 
-def attach(str path, Py_ssize_t size):
-    """Map an existing segment created by this user, checking its size."""
+def create_unnamed(str directory, Py_ssize_t size):
+    """Create a segment with no name in ``directory`` (O_TMPFILE, mode 0600), reserve and map it.
+
+    Nothing ever appears in the directory, so nothing can be left there however
+    this process ends; the space still counts against that filesystem. The
+    descriptor stays open (``fd``, ``path`` = /proc/PID/fd/FD) so that peers can
+    ``attach(path, size, follow=True)`` until ``release_fd()``.
+    Raises OSError(EOPNOTSUPP/EISDIR/EINVAL) where the filesystem lacks O_TMPFILE.
+    """
+    cdef int fd, err
+    if size <= 0:
+        raise ValueError(f"segment size must be positive, got {size}")
+    fd = open(directory.encode(), O_RDWR | O_TMPFILE | O_CLOEXEC, 0o600)
+    if fd < 0:
+        raise _os_error(errno, "create an unnamed file in", directory)
+    seg = Segment()
+    seg.path = f"/proc/{getpid()}/fd/{fd}"
+    seg.size = size
+    seg.created = True
+    try:
+        with nogil:
+            err = posix_fallocate(fd, 0, size)
+        if err == ENOSPC:
+            raise OSError(
+                ENOSPC,
+                f"cannot reserve {size} bytes in {directory}: only {free_bytes(directory)} "
+                f"bytes free there (of {total_bytes(directory)})",
+                directory,
+            )
+        if err != 0:
+            raise _os_error(err, "posix_fallocate", directory)
+        seg._map(fd)
+    except BaseException:
+        close(fd)
+        raise
+    seg.fd = fd
+    return seg
+
+
+def attach(str path, Py_ssize_t size, bint follow=False):
+    """Map an existing segment created by this user, checking its size.
+
+    ``follow``: ``path`` is a /proc/PID/fd/FD link to an unnamed segment.
+    """
     cdef bytes bpath = path.encode()
     cdef stat st
-    cdef int fd = open(bpath, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
+    cdef int fd = open(bpath, O_RDWR | O_CLOEXEC | (0 if follow else O_NOFOLLOW))
     if fd < 0:
         raise _os_error(errno, "open", path)
     seg = Segment()

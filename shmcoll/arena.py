@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from shmcoll import _segment, _sync
-from shmcoll.errors import CollectiveError, PeerDiedError, PeerTimeoutError
+from shmcoll.errors import CollectiveError, PeerDiedError, PeerTimeoutError, ShmcollError
 
 MAGIC = 0x314C4C4F434D4853  # "SHMCOLL1" little-endian
 HEADER_BYTES = 256
@@ -179,7 +179,7 @@ class Arena:
                       and not _reached(_sync.load_step(self.lines, r), step)]
             if not behind:
                 return
-            dead = [r for r in behind if not _sync.process_alive(self.pid(r))]
+            dead = [r for r in behind if not _process_alive(self.pid(r))]
             what = self._describe(step) if self._describe else f"step {step}"
             if dead:
                 raise PeerDiedError(
@@ -210,6 +210,24 @@ class Arena:
         self.segment.close()
 
 
+def _process_alive(pid: int) -> bool:
+    """False once ``pid`` has exited, also while it is a zombie its parent has not reaped yet.
+
+    kill(pid, 0) succeeds on a zombie: a launcher that waits for its ranks in
+    order leaves a dead rank looking alive until the ranks before it exit.
+    """
+    if not _sync.process_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except (OSError, IndexError):
+        return True  # no /proc: trust kill()
+    return state not in (b"Z", b"X")
+
+
 def _reached(seen: int, target: int) -> bool:
     return ((seen - target) & 0xFFFFFFFF) < 0x80000000
 
@@ -220,24 +238,60 @@ def _names(ranks: list[int], local_ranks) -> str:
 
 def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settings, timeout: timedelta,
                spin_ns: int, yield_ns: int, key: str = "shmcoll/arena") -> Arena:
-    """Create (lowest local rank) or attach the node's segment; returns once it is unlinked."""
+    """Create (lowest local rank) or attach the node's segment; returns once it has no name.
+
+    The segment is created without a name (O_TMPFILE) where the filesystem
+    allows it, and the others open it through /proc/<creator pid>/fd/<fd>: there
+    is no moment at which a SIGKILL could leave it behind. Otherwise it gets a
+    random name that is unlinked once everyone mapped it. If the creator fails,
+    it publishes its error so that the others raise it too instead of waiting.
+    """
     size = layout(local_size, settings.chunk_bytes, settings.p2p_bytes).total
     if local_rank == 0:
-        segment = _create_unique(settings.shm_dir, size, local_size)
+        try:
+            segment = _create_unique(settings.shm_dir, size, local_size)
+        except Exception as error:
+            store.set(key, _ERROR + f"{type(error).__name__}: {error}")
+            if local_size > 1:  # let them read it before our store (env://) may go away with us
+                try:
+                    store.wait([f"{key}/mapped"], min(timeout, timedelta(seconds=10)))
+                except Exception:
+                    pass
+            raise
+        named = segment.fd < 0
         try:
             _init_header(segment, local_size, settings.chunk_bytes)
-            store.set(key, os.path.basename(segment.path))
+            store.set(key, segment.path if not named else os.path.basename(segment.path))
             if local_size > 1:
                 store.wait([f"{key}/mapped"], timeout)
         finally:
-            _segment.unlink_path(segment.path)
+            if named:
+                _segment.unlink_path(segment.path)
+            segment.release_fd()
         store.set(f"{key}/unlinked", "1")
+        if store.check([f"{key}/failed"]):
+            raise ShmcollError(f"could not set up the shm arena: {store.get(f'{key}/failed').decode()}")
     else:
         store.wait([key], timeout)
         name = store.get(key).decode()
-        segment = _segment.attach(os.path.join(settings.shm_dir, name), size)
-        if store.add(f"{key}/count", 1) == local_size - 1:
-            store.set(f"{key}/mapped", "1")
+        try:
+            if name.startswith(_ERROR):
+                raise OSError(f"rank {ranks[0]} could not create the shm arena: {name[len(_ERROR):]}")
+            if name.startswith("/proc/"):
+                try:
+                    segment = _segment.attach(name, size, follow=True)
+                except FileNotFoundError:
+                    raise PeerDiedError(f"rank {ranks[0]} (which created the shm arena) exited before rank "
+                                        f"{ranks[local_rank]} could map it") from None
+            else:
+                segment = _segment.attach(os.path.join(settings.shm_dir, name), size)
+        except Exception as error:
+            if not name.startswith(_ERROR):  # tell the creator, which is waiting for us
+                store.set(f"{key}/failed", f"rank {ranks[local_rank]} could not map it: {error}")
+            raise
+        finally:
+            if store.add(f"{key}/count", 1) == local_size - 1:
+                store.set(f"{key}/mapped", "1")
         store.wait([f"{key}/unlinked"], timeout)
     arena = Arena(segment, local_rank, local_size, settings.chunk_bytes, settings.p2p_bytes, timeout, spin_ns,
                   yield_ns, ranks)
@@ -245,24 +299,37 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
     return arena
 
 
+_ERROR = "error:"
+
+
 def _create_unique(directory: str, size: int, local_size: int):
-    """Create a segment under a fresh unguessable name; never reuse an existing file."""
+    """Create the segment: unnamed if the filesystem can, else under a fresh unguessable name."""
+    try:
+        return _explain_enospc(_segment.create_unnamed, directory, size, local_size)
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
     for _ in range(16):
         path = os.path.join(directory, f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
         try:
-            return _segment.create(path, size)
+            return _explain_enospc(_segment.create, path, size, local_size)
         except FileExistsError:
             continue
-        except OSError as error:
-            if error.errno == errno.ENOSPC:
-                raise OSError(
-                    error.errno,
-                    f"{error.strerror}. The shm arena for {local_size} local ranks needs {size} bytes; "
-                    f"lower SHMCOLL_CHUNK_BYTES or SHMCOLL_P2P_BYTES to shrink it, point SHMCOLL_SHM_DIR at "
-                    f"a larger tmpfs, or enlarge /dev/shm (docker run --shm-size=...)",
-                ) from None
-            raise
     raise FileExistsError(f"could not find a free segment name in {directory}")
+
+
+def _explain_enospc(create, where: str, size: int, local_size: int):
+    try:
+        return create(where, size)
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise OSError(
+                error.errno,
+                f"{error.strerror}. The shm arena for {local_size} local ranks needs {size} bytes; "
+                f"lower SHMCOLL_CHUNK_BYTES or SHMCOLL_P2P_BYTES to shrink it, point SHMCOLL_SHM_DIR at "
+                f"a larger tmpfs, or enlarge /dev/shm (docker run --shm-size=...)",
+            ) from None
+        raise
 
 
 def _init_header(segment, local_size: int, chunk_bytes: int) -> None:

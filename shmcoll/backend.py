@@ -27,6 +27,7 @@ from shmcoll.algorithms import reduce_scatter as _reduce_scatter
 from shmcoll.algorithms import scatter as _scatter
 from shmcoll.arena import open_arena
 from shmcoll.errors import ShmcollError
+from shmcoll.hierarchy import Hierarchy
 from shmcoll.p2p import PointToPoint, Recv, Send
 from shmcoll.work import CompletedWork, ProgressEngine
 
@@ -111,7 +112,8 @@ class ProcessGroupShm(dist.ProcessGroup):
         self._settings = read_settings()
         self._error: BaseException | None = None
         self._arena = None
-        self._gloo = None
+        self._gloo = None  # the flat Gloo group over all ranks, on several nodes only
+        self._hierarchy = None  # node arena + rails, on several nodes only
         self._seq = 0  # collectives started on this group, for messages
         self._desc = 0  # descriptor of the collective in progress
         self._plans: dict = {}  # (reduce op kind, dtype) -> resolved reduction
@@ -133,8 +135,10 @@ class ProcessGroupShm(dist.ProcessGroup):
             self._arena._describe = self._describe_current
             self._p2p = PointToPoint(self._arena, f"rank{rank}")
         else:
-            # Several nodes: correct through Gloo until the hierarchical plans land.
-            self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+            spin_ns, yield_ns = _wait_policy(self._settings, len(topo.local_ranks))
+            self._hierarchy = Hierarchy(store, rank, size, timeout, self._settings, topo, keys, spin_ns, yield_ns,
+                                        self._describe_current)
+            self._gloo = self._hierarchy.flat
 
     # -- torch.distributed hooks ---------------------------------------------
 
@@ -244,8 +248,25 @@ class ProcessGroupShm(dist.ProcessGroup):
                              f"name a backend for that device, e.g. init_process_group('cpu:shm,cuda:nccl')")
         return getattr(backend, _BACKEND_NAMES.get(name, name))(*args)
 
+    def _empty(self, desc: int, result, opts):
+        """A collective on empty tensors is still one: take part (no data), so that a rank
+        calling it with data is not left waiting and disagreements on the count are caught."""
+        if self._arena is None:  # several nodes: nothing to move, nothing to check
+            return CompletedWork(result)
+        return self._launch(desc, lambda: _barrier.barrier(self._arena, self._desc), result, opts)
+
     def _delegate(self, name: str, *args):
+        self._engine.drain()  # after every hierarchical collective issued before it
         return getattr(self._gloo, name)(*args)
+
+    def _flat_only(self, name: str) -> bool:
+        """Several nodes and no hierarchical plan for ``name`` on them: the flat Gloo group runs it."""
+        return self._gloo is not None and not self._hierarchy.has_plan(name)
+
+    def _across_nodes(self, name: str, desc: int, result, opts, *args):
+        """Run the hierarchy's plan ``name`` as collective ``desc``."""
+        plan = getattr(self._hierarchy, name)
+        return self._launch(desc, lambda: plan(*args, self._desc), result, opts)
 
     # -- reductions ----------------------------------------------------------
 
@@ -254,13 +275,18 @@ class ProcessGroupShm(dist.ProcessGroup):
         tensor = self._one_tensor(tensors, "all_reduce")
         redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         op, dtype, kernel, scale, flat = self._reduction(redop, tensor, "all_reduce")
-        if self._gloo is not None:
+        if self._flat_only("allreduce"):
             return self._delegate("allreduce", [tensor], opts)
         count = flat.numel()
-        if self._size == 1 or count == 0:
+        if self._size == 1:
             if scale != 1.0 and not op.average and count:
                 tensor.mul_(scale)
             return CompletedWork([tensor])
+        desc = ops.descriptor(ops.ALLREDUCE, count, dtype.code, op.code)
+        if count == 0:
+            return self._empty(desc, [tensor], opts)
+        if self._hierarchy is not None:
+            return self._across_nodes("allreduce", desc, [tensor], opts, flat, op, dtype, kernel, scale)
         itemsize = flat.element_size()
         arena = self._arena
         plan = (_allreduce.one_shot if count * itemsize <= min(self._settings.small_bytes, arena.chunk_bytes)
@@ -271,7 +297,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             plan(arena, work.data_ptr(), count, itemsize, dtype.numpy, kernel, op.kernel, scale, self._desc)
             _unstage(flat, work)
 
-        return self._launch(ops.descriptor(ops.ALLREDUCE, count, dtype.code, op.code), body, [tensor], opts)
+        return self._launch(desc, body, [tensor], opts)
 
     @_route_devices
     def allreduce_coalesced(self, tensors, opts=None):
@@ -342,7 +368,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             raise ValueError(f"reduce_scatter_tensor: input must be {output.dtype} with "
                              f"{output.numel() * self._size} elements (output x {self._size} ranks), got "
                              f"{input.dtype} with {input.numel()}")
-        if self._gloo is not None:
+        if self._flat_only("reduce_scatter_single"):
             return self._delegate("_reduce_scatter_base", output, input, opts)
         if self._size == 1:
             self._reduce_scatter_local(output, input, opts)
@@ -367,6 +393,10 @@ class ProcessGroupShm(dist.ProcessGroup):
         count = out_view.numel()
         if count == 0:
             return CompletedWork(result)
+        if self._hierarchy is not None:
+            return self._across_nodes("reduce_scatter_single",
+                                      ops.descriptor(ops.REDUCE_SCATTER, count, dtype.code, op.code), result, opts,
+                                      out_view, flat_input, op, dtype, kernel, scale)
         itemsize = out_view.element_size()
 
         def body():
@@ -394,18 +424,23 @@ class ProcessGroupShm(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         tensor = self._one_tensor(tensors, "broadcast")
         root = self._root(opts.rootRank if opts is not None else 0, "broadcast")
-        if self._gloo is not None:
+        if self._flat_only("broadcast"):
             return self._delegate("broadcast", [tensor], opts)
         nbytes = _nbytes(tensor)
-        if self._size == 1 or nbytes == 0:
+        if self._size == 1:
             return CompletedWork([tensor])
+        desc = ops.descriptor(ops.BROADCAST, *_movement(tensor), 0, root)
+        if nbytes == 0:
+            return self._empty(desc, [tensor], opts)
+        if self._hierarchy is not None:
+            return self._across_nodes("broadcast", desc, [tensor], opts, tensor, root)
 
         def body():
             work = _staged(tensor)
             _broadcast.broadcast(self._arena, work.data_ptr(), nbytes, root, self._desc)
             _unstage(tensor, work)
 
-        return self._launch(ops.descriptor(ops.BROADCAST, nbytes, 0, 0, root), body, [tensor], opts)
+        return self._launch(desc, body, [tensor], opts)
 
     @_route_devices
     def allgather(self, output_lists, input_tensors, opts=None):
@@ -420,8 +455,9 @@ class ProcessGroupShm(dist.ProcessGroup):
             outputs[0].copy_(tensor)
             return CompletedWork(output_lists)
         nbytes = _nbytes(tensor)
+        desc = ops.descriptor(ops.ALLGATHER, *_movement(tensor))
         if nbytes == 0:
-            return CompletedWork(output_lists)
+            return self._empty(desc, output_lists, opts)
 
         def body():
             source = tensor.contiguous()
@@ -431,7 +467,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             for out, target in zip(outputs, targets):
                 _unstage(out, target)
 
-        return self._launch(ops.descriptor(ops.ALLGATHER, nbytes), body, output_lists, opts)
+        return self._launch(desc, body, output_lists, opts)
 
     @_route_devices
     def all_gather_single(self, output, input, opts=None):
@@ -441,14 +477,17 @@ class ProcessGroupShm(dist.ProcessGroup):
             raise ValueError(f"all_gather_into_tensor: output must be {input.dtype} with "
                              f"{input.numel() * self._size} elements (input x {self._size} ranks), got "
                              f"{output.dtype} with {output.numel()}")
-        if self._gloo is not None:
+        if self._flat_only("all_gather_single"):
             return self._delegate("_allgather_base", output, input, opts)
         if self._size == 1:
             output.view(-1).copy_(input.reshape(-1))
             return CompletedWork([output])
         nbytes = _nbytes(input)
+        desc = ops.descriptor(ops.ALLGATHER, *_movement(input))
         if nbytes == 0:
-            return CompletedWork([output])
+            return self._empty(desc, [output], opts)
+        if self._hierarchy is not None:
+            return self._across_nodes("all_gather_single", desc, [output], opts, output, input)
 
         def body():
             source = input.contiguous()
@@ -456,7 +495,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             _allgather.allgather(self._arena, source.data_ptr(), nbytes, (target.data_ptr(), nbytes), self._desc)
             _unstage(output, target)
 
-        return self._launch(ops.descriptor(ops.ALLGATHER, nbytes), body, [output], opts)
+        return self._launch(desc, body, [output], opts)
 
     _allgather_base = all_gather_single
 
@@ -596,12 +635,12 @@ class ProcessGroupShm(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def barrier(self, opts=None):
-        if self._gloo is not None:
-            return self._gloo.barrier(opts) if opts is not None else self._gloo.barrier()
         if self._size == 1:
             return CompletedWork()
         if not isinstance(opts, dist.BarrierOptions):
             opts = None  # barrier(timeout=...) overload
+        if self._hierarchy is not None:
+            return self._across_nodes("barrier", ops.descriptor(ops.BARRIER), [], opts)
 
         def body():
             _barrier.barrier(self._arena, self._desc)
@@ -660,10 +699,18 @@ class ProcessGroupShm(dist.ProcessGroup):
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+        if self._hierarchy is not None:
+            self._hierarchy.close()
         self._error = self._error or ShmcollError("this shm process group was shut down")
 
     def abort(self) -> None:
         self.shutdown()
+
+
+def _movement(tensor) -> tuple[int, int]:
+    """(count, dtype code) of a data-movement descriptor: elements of a named dtype, else bytes."""
+    code = ops.movement_code(tensor.dtype)
+    return (tensor.numel(), code) if code else (_nbytes(tensor), 0)
 
 
 def _staged_empty(tensor):

@@ -34,7 +34,20 @@ DTYPES: dict[torch.dtype, DType] = {
     t: DType(name, np.dtype(npt), code) for code, (t, name, npt) in enumerate(_DTYPE_LIST, start=1)
 }
 _DTYPE_BY_CODE = {d.code: d.name for d in DTYPES.values()}
-# Data movement (broadcast, gather, ...) is dtype-agnostic: any CPU dtype moves as bytes.
+# Data movement (broadcast, gather, ...) moves any CPU dtype as bytes; its descriptor still
+# names the dtype (codes after the reducible ones) so that ranks disagreeing on it are caught.
+_MOVEMENT_ONLY = [getattr(torch, name) for name in (
+    "complex64", "complex128", "complex32", "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
+    "float8_e4m3fnuz", "float8_e5m2fnuz", "qint8", "quint8", "qint32") if hasattr(torch, name)]
+_MOVEMENT_CODES = {**{t: d.code for t, d in DTYPES.items()},
+                   **{t: code for code, t in enumerate(_MOVEMENT_ONLY, start=len(DTYPES) + 1) if code < 32}}
+_DTYPE_BY_CODE.update({code: str(t).removeprefix("torch.") for t, code in _MOVEMENT_CODES.items()
+                       if code not in _DTYPE_BY_CODE})
+
+
+def movement_code(dtype: torch.dtype) -> int:
+    """Descriptor dtype code of a data-movement collective; 0 (count in bytes) if the dtype has none."""
+    return _MOVEMENT_CODES.get(dtype, 0)
 
 
 class Op(NamedTuple):

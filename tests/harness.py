@@ -57,8 +57,11 @@ class JobResult:
 
 
 def spawn(scenario: str, world_size: int, backend: str = "shm", env: dict | None = None,
-          timeout: float = 300, args: list[str] | None = None) -> JobResult:
-    """Run ``tests.worker scenario`` on ``world_size`` local ranks and collect their reports."""
+          timeout: float = 300, args: list[str] | None = None, rank_env=None) -> JobResult:
+    """Run ``tests.worker scenario`` on ``world_size`` local ranks and collect their reports.
+
+    ``rank_env(rank)``, when given, returns extra variables for that rank (e.g. its SHMCOLL_HOSTID).
+    """
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="shmcoll-test-") as tmp:
         procs = []
@@ -71,6 +74,7 @@ def spawn(scenario: str, world_size: int, backend: str = "shm", env: dict | None
                 "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO) + os.pathsep + penv.get("PYTHONPATH", ""),
             })
             penv.update(env or {})
+            penv.update(rank_env(rank) if rank_env is not None else {})
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")
             procs.append((subprocess.Popen([sys.executable, "-m", "tests.worker", scenario, *(args or [])],
                                            env=penv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log))

@@ -41,7 +41,8 @@ def main() -> int:
     cases = Cases()
     extra = getattr(importlib.import_module(module_name), function_name)(cases, *args) or {}
     report = {"cases": cases.results, **extra}
-    with open(os.environ["SHMCOLL_TEST_REPORT"], "w") as f:
+    # Launchers that share one environment among ranks (torchrun) name the file with "{rank}".
+    with open(os.environ["SHMCOLL_TEST_REPORT"].replace("{rank}", str(dist.get_rank())), "w") as f:
         json.dump(report, f)
     if dist.is_initialized():
         dist.destroy_process_group()

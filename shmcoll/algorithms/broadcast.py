@@ -16,7 +16,12 @@ def broadcast(arena, addr: int, nbytes: int, root: int, desc: int) -> None:
             # Posting with nothing written tells the root we finished reading earlier steps.
             step = arena.step + 1
             arena.post(step, desc)
+        if start == 0:
+            # Everyone, the root too, checks that every rank is in this same broadcast before
+            # anyone reads: a rank that believes it is the root has written the buffer as well.
+            arena.wait_all(step)
+            arena.check_same_collective(step, desc)
+        elif me != root:
             arena.wait_rank(root, step)
-            if start == 0:
-                arena.check_same_collective(step, desc, among=root)
+        if me != root:
             copy(addr + start, arena.slot(step & 1, 0), n)

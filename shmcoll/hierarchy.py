@@ -1,0 +1,232 @@
+"""Collectives across nodes: a shm arena inside each node, Gloo "rails" between nodes.
+
+Terms (see DESIGN.md, "Across nodes"):
+  node     the ranks of the group that share a host identity; nodes are ordered by
+           their lowest rank, the ranks of a node by rank. N nodes; L_n local ranks.
+  rail     local rank i of every node that has one: a Gloo group over TCP. Every
+           rank is on exactly one rail; all rails run at once.
+  flat     one Gloo group over all ranks, for operations with no hierarchical plan
+           here (and for every plan that needs equal nodes when they are not equal).
+
+Each plan moves about 1/L of the data across nodes per rank. Every method runs
+inside the backend's ProgressEngine (in issue order) and completes synchronously.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions
+
+from shmcoll import kernels
+from shmcoll.algorithms import allgather as _allgather
+from shmcoll.algorithms import barrier as _barrier
+from shmcoll.algorithms import broadcast as _broadcast
+from shmcoll.algorithms import reduce as _reduce
+from shmcoll.algorithms import reduce_scatter as _reduce_scatter
+from shmcoll.arena import open_arena
+
+R = dist.ReduceOp.RedOpType
+# Our reduce op (shmcoll.ops name) -> the ReduceOp the rail applies to node partials.
+_RAIL_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT,
+             "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "band": dist.ReduceOp.BAND,
+             "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
+
+
+def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's storage as a flat uint8 tensor (data movement is dtype-agnostic)."""
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+class Hierarchy:
+    """This rank's node arena, its rail and the flat group, with one method per hierarchical plan."""
+
+    def __init__(self, store, rank: int, size: int, timeout, settings, topo, keys: str, spin_ns: int,
+                 yield_ns: int, describe):
+        self.rank, self.size = rank, size
+        self.nodes = topo.nodes
+        self.node = topo.node
+        self.local_ranks = topo.local_ranks
+        self.local_rank = self.local_ranks.index(rank)
+        self.local_size = len(self.local_ranks)
+        self.tcp_bytes = 0  # bytes handed to rail Gloo groups by this rank (for benchmarks)
+        # Plans that need every node to hold the same number of ranks.
+        self.uniform = len({len(ranks) for ranks in self.nodes}) == 1
+        self.arena = None
+        if self.local_size > 1:
+            self.arena = open_arena(store, self.local_rank, self.local_size, self.local_ranks, settings, timeout,
+                                    spin_ns, yield_ns, key=f"{keys}/arena/{self.node}")
+            self.arena._describe = describe
+        # rail_nodes[i]: the node indices on rail i, in node order (a node's rail rank is its position).
+        self.rail_nodes = [[n for n, ranks in enumerate(self.nodes) if len(ranks) > i]
+                           for i in range(max(len(ranks) for ranks in self.nodes))]
+        members = self.rail_nodes[self.local_rank]
+        self.rail = None
+        if len(members) > 1:
+            self.rail = dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/rail/{self.local_rank}", store),
+                                              members.index(self.node), len(members), timeout)
+        self.flat = dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/flat", store), rank, size, timeout)
+        # The rail every node is on (0 always is), and the local rank each root's data enters it from.
+        self.full_rails = min(len(ranks) for ranks in self.nodes)
+
+    def has_plan(self, name: str) -> bool:
+        """Whether ``name`` runs hierarchically here (else on the flat Gloo group)."""
+        if name in ("allreduce", "broadcast", "barrier"):
+            return True
+        return self.uniform and name in ("all_gather_single", "reduce_scatter_single")
+
+    def close(self) -> None:
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+
+    # -- pieces --------------------------------------------------------------
+
+    def _rail_allreduce(self, tensor: torch.Tensor, redop) -> None:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = redop
+        self.tcp_bytes += tensor.numel() * tensor.element_size()
+        self.rail.allreduce([tensor], opts).wait()
+
+    def _intra_broadcast(self, buf: torch.Tensor, local_root: int, desc: int) -> None:
+        if self.arena is not None and buf.numel():
+            _broadcast.broadcast(self.arena, buf.data_ptr(), buf.numel() * buf.element_size(), local_root, desc)
+
+    def _finish_average(self, tensor: torch.Tensor) -> None:
+        """SUM -> mean over the whole world, rounded once (as Gloo and the arena kernels do)."""
+        if tensor.dtype in (torch.float16, torch.bfloat16):
+            tensor.copy_(tensor.float().div_(self.size))
+        else:
+            tensor.div_(self.size)
+
+    # -- plans ---------------------------------------------------------------
+
+    def allreduce(self, flat: torch.Tensor, op, dtype, kernel, scale: float, desc: int) -> None:
+        """Intra-node reduce-scatter, rail all-reduce of our shard, intra-node all-gather.
+
+        Nodes of different sizes: reduce to each node's first rank, all-reduce on rail 0, broadcast.
+        """
+        if not self.uniform:
+            return self._allreduce_by_leaders(flat, op, dtype, kernel, scale, desc)
+        count, itemsize, L = flat.numel(), flat.element_size(), self.local_size
+        average = op.average
+        # AVG is a SUM here, divided by the world size at the end; PREMUL_SUM's factor is linear.
+        op_kernel, kscale = (kernels.SUM, 1.0) if average else (op.kernel, scale)
+        block = -(-count // L)  # elements of each local rank's shard
+        if block * L == count and flat.is_contiguous():
+            work = flat
+        else:
+            work = torch.zeros(block * L, dtype=flat.dtype)
+            work[:count].copy_(flat.reshape(-1))
+        if self.arena is None:
+            shard = work
+            if kscale != 1.0:
+                shard.mul_(kscale)
+        else:
+            shard = torch.empty(block, dtype=flat.dtype)
+            _reduce_scatter.reduce_scatter(self.arena, work.data_ptr(), block, itemsize, dtype.numpy, kernel,
+                                           op_kernel, kscale, shard.data_ptr(), desc)
+        self._rail_allreduce(shard, _RAIL_OPS[op.name])
+        if average:
+            self._finish_average(shard)
+        if self.arena is not None:
+            _allgather.allgather(self.arena, shard.data_ptr(), block * itemsize,
+                                 (work.data_ptr(), block * itemsize), desc)
+        if work is not flat:
+            flat.copy_(work[:count].view_as(flat))
+
+    def _allreduce_by_leaders(self, flat: torch.Tensor, op, dtype, kernel, scale: float, desc: int) -> None:
+        op_kernel, kscale = (kernels.SUM, 1.0) if op.average else (op.kernel, scale)
+        work = flat if flat.is_contiguous() else flat.contiguous()
+        if self.arena is not None:
+            _reduce.reduce(self.arena, work.data_ptr(), work.numel(), work.element_size(), dtype.numpy, kernel,
+                           op_kernel, kscale, 0, desc)
+        elif kscale != 1.0:
+            work.mul_(kscale)
+        if self.local_rank == 0:
+            self._rail_allreduce(work, _RAIL_OPS[op.name])
+            if op.average:
+                self._finish_average(work)
+        self._intra_broadcast(work, 0, desc)
+        if work is not flat:
+            flat.copy_(work)
+
+    def broadcast(self, tensor: torch.Tensor, root: int, desc: int) -> None:
+        """Root's rail carries the data to every node, then each node broadcasts it locally.
+
+        When some node lacks the root's local rank, the root's node first broadcasts
+        locally and rail 0 (on every node) carries it.
+        """
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        root_node = next(n for n, ranks in enumerate(self.nodes) if root in ranks)
+        root_local = self.nodes[root_node].index(root)
+        entry = root_local if root_local < self.full_rails else 0
+        if self.node == root_node and entry != root_local:
+            self._intra_broadcast(work, root_local, desc)
+        if self.local_rank == entry and work.numel():
+            opts = dist.BroadcastOptions()
+            opts.rootRank = self.rail_nodes[entry].index(root_node)
+            data = _bytes_view(work)
+            self.tcp_bytes += data.numel() if self.node == root_node else 0
+            self.rail.broadcast([data], opts).wait()
+        if self.node != root_node or entry == root_local:
+            self._intra_broadcast(work, entry, desc)
+        if work is not tensor:
+            tensor.copy_(work)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
+        """Gather the node's inputs locally, all-gather the node blocks over the rail, place in rank order."""
+        N, L = len(self.nodes), self.local_size
+        source = _bytes_view(input.contiguous())
+        nbytes = source.numel()
+        gathered = torch.empty(N * L * nbytes, dtype=torch.uint8)
+        node_block = gathered[self.node * L * nbytes:(self.node + 1) * L * nbytes]
+        if self.arena is None:
+            node_block.copy_(source)
+        else:
+            _allgather.allgather(self.arena, source.data_ptr(), nbytes, (node_block.data_ptr(), nbytes), desc)
+        self.tcp_bytes += L * nbytes
+        self.rail._allgather_base(gathered, node_block.clone(), AllgatherOptions()).wait()
+        target = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+        out = _bytes_view(target).view(self.size, nbytes)
+        blocks = gathered.view(N, L, nbytes)
+        for n, ranks in enumerate(self.nodes):
+            out[torch.tensor(ranks)] = blocks[n]
+        if target is not output:
+            output.copy_(target)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op, dtype, kernel, scale: float,
+                              desc: int) -> None:
+        """Local rank l reduces, within the node, the blocks of the ranks on rail l; the rail reduce-scatters them."""
+        N, L = len(self.nodes), self.local_size
+        M = output.numel()
+        blocks = input.reshape(self.size, M)
+        # Block l of the node stage: the N blocks of rail l's ranks, in node order.
+        order = [self.nodes[n][l] for l in range(L) for n in range(N)]
+        staged = blocks[torch.tensor(order)].reshape(-1)
+        average = op.average
+        op_kernel, kscale = (kernels.SUM, 1.0) if average else (op.kernel, scale)
+        if self.arena is None:
+            partial = staged
+            if kscale != 1.0:
+                partial.mul_(kscale)
+        else:
+            partial = torch.empty(N * M, dtype=output.dtype)
+            _reduce_scatter.reduce_scatter(self.arena, staged.data_ptr(), N * M, output.element_size(),
+                                           dtype.numpy, kernel, op_kernel, kscale, partial.data_ptr(), desc)
+        result = torch.empty(M, dtype=output.dtype)
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = _RAIL_OPS[op.name]
+        self.tcp_bytes += partial.numel() * partial.element_size()
+        self.rail._reduce_scatter_base(result, partial, opts).wait()
+        if average:
+            self._finish_average(result)
+        output.copy_(result.view_as(output))
+
+    def barrier(self, desc: int) -> None:
+        """Node barrier, rail 0 barrier among the nodes' first ranks, node barrier."""
+        if self.arena is not None:
+            _barrier.barrier(self.arena, desc)
+        if self.local_rank == 0:
+            self.rail.barrier().wait()
+        if self.arena is not None:
+            _barrier.barrier(self.arena, desc)
