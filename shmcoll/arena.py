@@ -12,6 +12,9 @@ Terms:
            reached s - 1.
   chunk    the part of a large message handled in one step or step pair; at
            most ``chunk_bytes`` per rank, small enough to stay in cache.
+  scratch  ``chunk_bytes`` per rank that only its owner touches, for results
+           computed within one step (a slot of the other buffer is not
+           private: the next collective's root may write every slot of it).
   channel  a one-way lane for point-to-point messages from one local rank to
            another: two control lines (sender's sequence, receiver's
            acknowledgement) and two halves of ``p2p_bytes / 2`` (see p2p.py).
@@ -52,6 +55,7 @@ class Layout(NamedTuple):
     lines: int  # one control line per local rank
     channel_lines: int  # two control lines per (source, destination) channel
     data: int  # two buffers of local_size slots of chunk_bytes
+    scratch: int  # local_size private areas of chunk_bytes
     channels: int  # local_size**2 channels of p2p_bytes
     total: int
 
@@ -60,8 +64,9 @@ def layout(local_size: int, chunk_bytes: int, p2p_bytes: int) -> Layout:
     """Where everything lives in a segment for ``local_size`` ranks."""
     channel_lines = HEADER_BYTES + local_size * LINE_BYTES
     data = _page_up(channel_lines + local_size * local_size * 2 * LINE_BYTES)
-    channels = data + 2 * local_size * chunk_bytes
-    return Layout(HEADER_BYTES, channel_lines, data, channels, channels + local_size * local_size * p2p_bytes)
+    scratch = data + 2 * local_size * chunk_bytes
+    channels = scratch + local_size * chunk_bytes
+    return Layout(HEADER_BYTES, channel_lines, data, scratch, channels, channels + local_size * local_size * p2p_bytes)
 
 
 def _page_up(offset: int) -> int:
@@ -88,6 +93,7 @@ class Arena:
         self.channel_lines = base + regions.channel_lines
         self.channel_data = base + regions.channels
         self.data = base + regions.data
+        self.scratch = base + regions.scratch + local_rank * chunk_bytes  # ours alone
         self.buffer_bytes = local_size * chunk_bytes
         self.step = 0  # last step this rank posted
         self.all_reached = 0  # highest step every local rank is known to have reached
@@ -117,15 +123,23 @@ class Arena:
             self._views[(buffer, dtype)] = view
         return view
 
+    def scratch_view(self, dtype: np.dtype) -> np.ndarray:
+        """Our private scratch area as ``dtype`` elements."""
+        view = self._views.get(("scratch", dtype))
+        if view is None:
+            start = self.scratch - self.segment.address
+            view = self._views[("scratch", dtype)] = self._raw[start:start + self.chunk_bytes].view(dtype)
+        return view
+
     def one_shot_views(self, buffer: int, dtype: np.dtype, count: int):
-        """(our slot in the other buffer, row 0, rows 1..) of ``count`` elements; cached, small messages repeat."""
+        """(our scratch, row 0, rows 1..) of ``count`` elements; cached, since small messages repeat."""
         key = (buffer, dtype, count)
         views = self._one_shot.get(key)
         if views is None:
             if len(self._one_shot) > 256:
                 self._one_shot.clear()
             rows = self.rows(buffer, dtype)
-            views = (self.rows(buffer ^ 1, dtype)[self.local_rank, :count], rows[0, :count], rows[1:, :count])
+            views = (self.scratch_view(dtype)[:count], rows[0, :count], rows[1:, :count])
             self._one_shot[key] = views
         return views
 

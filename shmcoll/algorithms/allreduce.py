@@ -17,10 +17,10 @@ def one_shot(arena, addr: int, count: int, itemsize: int, np_dtype, kernel, op: 
     arena.post(step, desc)
     arena.wait_all(step)
     arena.check_same_collective(step, desc)
-    # Reduce into our slot of the other buffer (free: every peer has finished step - 1).
+    # Reduce into our private scratch (cache-hot), then hand the result over.
     out, first, rest = arena.one_shot_views(buf, np_dtype, count)
     kernel(out, first, rest, op, scale)
-    copy(addr, arena.slot(buf ^ 1, me), nbytes)
+    copy(addr, arena.scratch, nbytes)
 
 
 def reduce_scatter_allgather(arena, addr: int, count: int, itemsize: int, np_dtype, kernel, op: int,

@@ -23,5 +23,5 @@ def reduce_scatter(arena, addr: int, block_count: int, itemsize: int, np_dtype, 
             arena.check_same_collective(step, desc)
         rows = arena.rows(buf, np_dtype)
         lo = me * n
-        kernel(arena.rows(buf ^ 1, np_dtype)[me, :n], rows[0, lo:lo + n], rows[1:, lo:lo + n], op, scale)
-        copy(out_addr + start * itemsize, arena.slot(buf ^ 1, me), n * itemsize)
+        kernel(arena.scratch_view(np_dtype)[:n], rows[0, lo:lo + n], rows[1:, lo:lo + n], op, scale)
+        copy(out_addr + start * itemsize, arena.scratch, n * itemsize)

@@ -1,0 +1,82 @@
+"""Groups spanning several nodes, simulated on one machine with a SHMCOLL_HOSTID per rank.
+
+Hierarchical plans (node arena + Gloo rails) and the flat Gloo fallback are
+checked against local references: equal nodes (2 x 2, contiguous and
+interleaved ranks), uneven nodes (1 + 2 + 1), and two torchrun invocations
+with --nnodes 2. A one-node job must create no Gloo group at all.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from tests.harness import REPO, JobResult, assert_job_passes, free_port, shm_entries, spawn
+
+# A 4 KiB chunk reaches the multi-chunk paths with small inputs; 5003 elements exceed it.
+SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
+
+
+def _hosts(rank_nodes):
+    return lambda rank: {"SHMCOLL_HOSTID": f"node{rank_nodes[rank]}"}
+
+
+@pytest.mark.parametrize("rank_nodes, nodes", [
+    ([0, 0, 1, 1], [[0, 1], [2, 3]]),  # 2 nodes x 2 ranks
+    ([0, 1, 0, 1], [[0, 2], [1, 3]]),  # the same, ranks interleaved across nodes
+    ([0, 1, 1, 2], [[0], [1, 2], [3]]),  # 3 uneven nodes: 1 + 2 + 1
+], ids=["2x2", "2x2-interleaved", "1+2+1"])
+def test_multinode_matrix(rank_nodes, nodes):
+    before = shm_entries()
+    result = spawn("tests.multinode:matrix", len(rank_nodes), env=SMALL_CHUNKS, args=["5003"],
+                   rank_env=_hosts(rank_nodes), timeout=90)
+    assert_job_passes(result, min_cases=150)
+    for report in result.reports:
+        assert report["hierarchical"] and report["flat_gloo"], report
+        assert report["nodes"] == nodes
+    assert shm_entries() - before == set()
+
+
+def test_one_node_creates_no_gloo_group():
+    result = spawn("tests.multinode:layout_only", 2, env={"SHMCOLL_HOSTID": "same-node"}, timeout=60)
+    assert_job_passes(result)
+    for report in result.reports:
+        assert not report["hierarchical"] and not report["flat_gloo"], report
+
+
+def test_torchrun_two_nodes():
+    """Two torchrun invocations (--nnodes 2, static rendezvous), each its own SHMCOLL_HOSTID."""
+    before = shm_entries()
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="shmcoll-test-") as tmp:
+        procs = []
+        for node in range(2):
+            env = dict(os.environ, **SMALL_CHUNKS, SHMCOLL_HOSTID=f"torchrun-node{node}",
+                       SHMCOLL_TEST_BACKEND="shm", SHMCOLL_TEST_REPORT=os.path.join(tmp, "rank{rank}.json"),
+                       OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            log = open(os.path.join(tmp, f"node{node}.log"), "w+")
+            cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nnodes", "2", "--nproc-per-node",
+                   "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                   "-m", "tests.worker", "tests.multinode:matrix", "5003"]
+            procs.append((subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), log))
+        codes, outputs = [], []
+        for proc, log in procs:
+            try:
+                codes.append(proc.wait(timeout=90))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes.append(proc.wait())
+            log.seek(0)
+            outputs.append(log.read())
+            log.close()
+        reports = []
+        for rank in range(4):
+            path = os.path.join(tmp, f"rank{rank}.json")
+            reports.append(json.load(open(path)) if os.path.exists(path) else None)
+    result = JobResult(codes, reports, outputs * 2)
+    assert_job_passes(result, min_cases=150)
+    for report in reports:
+        assert report["hierarchical"] and report["nodes"] == [[0, 1], [2, 3]], report
+    assert shm_entries() - before == set()
