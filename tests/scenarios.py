@@ -625,3 +625,28 @@ def lifecycle(cases):
         dist.init_process_group("shm", init_method=f"file://{folder}/reinit-final", rank=rank, world_size=world)
 
     cases.run("lifecycle/destroy_and_reinit", destroy_and_reinit)
+
+
+def in_place_overlap(cases):
+    """Input that is this rank's slice of the output (FSDP's in-place form): a correct result."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for count in (1, 7, 5003):
+        case = f"overlap/all_gather_into_tensor/n={count}"
+
+        def gather_in_place():
+            out = torch.zeros(world * count)
+            out[rank * count:(rank + 1) * count] = make_input(case, rank, torch.float32, count)
+            dist.all_gather_into_tensor(out, out[rank * count:(rank + 1) * count])
+            _equal(out, torch.cat([make_input(case, r, torch.float32, count) for r in range(world)]), case)
+
+        cases.run(case, gather_in_place)
+        case = f"overlap/reduce_scatter_tensor/n={count}"
+
+        def scatter_in_place():
+            inputs = [make_input(case, r, torch.float32, world * count) for r in range(world)]
+            buf = inputs[rank].clone()
+            out = buf[rank * count:(rank + 1) * count]  # the output lives inside the input
+            dist.reduce_scatter_tensor(out, buf)
+            _equal(out, reference_reduce(inputs, "sum", torch.float32)[rank * count:(rank + 1) * count], case)
+
+        cases.run(case, scatter_in_place)

@@ -55,3 +55,9 @@ def test_lifecycle(world_size):
     result = spawn("tests.scenarios:lifecycle", world_size)
     assert_job_passes(result, min_cases=4)
     assert shm_entries() - before == set()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_in_place_overlap(world_size):
+    result = spawn("tests.scenarios:in_place_overlap", world_size, env=SMALL_CHUNKS)
+    assert_job_passes(result, min_cases=6)
