@@ -120,6 +120,23 @@ cdef class Segment:
         self.base = <char *>p
         return 0
 
+    cdef int _reserve_and_map(self, int fd, str directory) except -1:
+        """Reserve every page (a full tmpfs fails here, not with SIGBUS later), then map."""
+        cdef int err
+        cdef long size = self.size
+        with nogil:
+            err = posix_fallocate(fd, 0, size)
+        if err == ENOSPC:
+            raise OSError(
+                ENOSPC,
+                f"cannot reserve {self.size} bytes in {directory}: only {free_bytes(directory)} "
+                f"bytes free there (of {total_bytes(directory)})",
+                directory,
+            )
+        if err != 0:
+            raise _os_error(err, "posix_fallocate", self.path)
+        return self._map(fd)
+
     cdef void _unmap(self) noexcept:
         if self.base != NULL:
             munmap(self.base, <size_t>self.size)
@@ -162,7 +179,7 @@ def create(str path, Py_ssize_t size):
     small. On any failure nothing is left behind.
     """
     cdef bytes bpath = path.encode()
-    cdef int fd, err
+    cdef int fd
     if size <= 0:
         raise ValueError(f"segment size must be positive, got {size}")
     fd = open(bpath, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
@@ -173,19 +190,7 @@ def create(str path, Py_ssize_t size):
     seg.size = size
     seg.created = True
     try:
-        with nogil:
-            err = posix_fallocate(fd, 0, size)
-        if err == ENOSPC:
-            directory = path.rsplit("/", 1)[0] or "/"
-            raise OSError(
-                ENOSPC,
-                f"cannot reserve {size} bytes for {path}: only {free_bytes(directory)} "
-                f"bytes free in {directory} (of {total_bytes(directory)})",
-                path,
-            )
-        if err != 0:
-            raise _os_error(err, "posix_fallocate", path)
-        seg._map(fd)
+        seg._reserve_and_map(fd, path.rsplit("/", 1)[0] or "/")
     except BaseException:
         close(fd)
         unlink(bpath)
@@ -203,7 +208,7 @@ def create_unnamed(str directory, Py_ssize_t size):
     ``attach(path, size, follow=True)`` until ``release_fd()``.
     Raises OSError(EOPNOTSUPP/EISDIR/EINVAL) where the filesystem lacks O_TMPFILE.
     """
-    cdef int fd, err
+    cdef int fd
     if size <= 0:
         raise ValueError(f"segment size must be positive, got {size}")
     fd = open(directory.encode(), O_RDWR | O_TMPFILE | O_CLOEXEC, 0o600)
@@ -214,18 +219,7 @@ def create_unnamed(str directory, Py_ssize_t size):
     seg.size = size
     seg.created = True
     try:
-        with nogil:
-            err = posix_fallocate(fd, 0, size)
-        if err == ENOSPC:
-            raise OSError(
-                ENOSPC,
-                f"cannot reserve {size} bytes in {directory}: only {free_bytes(directory)} "
-                f"bytes free there (of {total_bytes(directory)})",
-                directory,
-            )
-        if err != 0:
-            raise _os_error(err, "posix_fallocate", directory)
-        seg._map(fd)
+        seg._reserve_and_map(fd, directory)
     except BaseException:
         close(fd)
         raise

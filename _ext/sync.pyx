@@ -5,8 +5,11 @@ Terms (used across shmcoll):
   control line  one 128-byte record per rank in the arena (two cache lines, so
                 adjacent-line prefetch cannot cause false sharing). It starts
                 with the rank's *step* word (uint32, the futex word) and the
-                count of processes sleeping on it (uint32), then the 64-bit
-                descriptor of the collective that step belongs to.
+                count of processes sleeping on it (uint32), then four 64-bit
+                descriptors of the collective each step belongs to, in slot
+                step % 4: a peer one or two steps ahead writes another slot,
+                so a rank checking step s never reads a later step's
+                descriptor (it writes the descriptor before the step word).
   step          a per-rank sequence number, bumped each time the rank publishes
                 data (release store). A peer "has reached" step s once its word
                 is >= s (wrap-safe).
@@ -35,7 +38,7 @@ cdef extern from "<errno.h>" nogil:
 LINE_BYTES = 128
 STEP_OFFSET = 0
 WAITERS_OFFSET = 4
-DESC_OFFSET = 8
+DESC_OFFSET = 8  # four uint64 slots, up to byte 40
 
 cdef enum:
     _LINE = 128
@@ -46,10 +49,14 @@ cdef inline uint32_t *_step_word(uintptr_t lines, int rank) noexcept nogil:
     return <uint32_t *>(lines + <uintptr_t>rank * _LINE)
 
 
+cdef inline uint64_t *_desc_slot(uintptr_t lines, int rank, uint32_t step) noexcept nogil:
+    return <uint64_t *>(<char *>_step_word(lines, rank) + _DESC + 8 * (step & 3))
+
+
 def post(uintptr_t lines, int rank, uint32_t step, uint64_t desc):
     """Publish ``step`` (and its collective descriptor) for ``rank``, waking sleepers."""
     cdef uint32_t *word = _step_word(lines, rank)
-    arch.shmcoll_store_release_u64(<uint64_t *>(<char *>word + _DESC), desc)
+    arch.shmcoll_store_release_u64(_desc_slot(lines, rank, step), desc)
     arch.shmcoll_store_seq_cst_u32(word, step)
     if arch.shmcoll_load_seq_cst_u32(word + 1) != 0:
         arch.shmcoll_futex_wake_all(word)
@@ -60,9 +67,9 @@ def load_step(uintptr_t lines, int rank):
     return arch.shmcoll_load_acquire_u32(_step_word(lines, rank))
 
 
-def load_desc(uintptr_t lines, int rank):
-    """The descriptor ``rank`` published with its latest step."""
-    return arch.shmcoll_load_acquire_u64(<uint64_t *>(<char *>_step_word(lines, rank) + _DESC))
+def load_desc(uintptr_t lines, int rank, uint32_t step):
+    """The descriptor ``rank`` published with ``step`` (valid while it is at most 2 steps past it)."""
+    return arch.shmcoll_load_acquire_u64(_desc_slot(lines, rank, step))
 
 
 def wake(uintptr_t lines, int rank):
@@ -152,7 +159,7 @@ def first_mismatch(uintptr_t lines, int first, int stop, uint32_t step, uint64_t
     for r in range(first, stop):
         word = _step_word(lines, r)
         if arch.shmcoll_load_acquire_u32(word) == step and \
-                arch.shmcoll_load_acquire_u64(<uint64_t *>(<char *>word + _DESC)) != desc:
+                arch.shmcoll_load_acquire_u64(_desc_slot(lines, r, step)) != desc:
             return r
     return -1
 

@@ -41,7 +41,7 @@ from shmcoll.errors import CollectiveError, PeerDiedError, PeerTimeoutError, Shm
 MAGIC = 0x314C4C4F434D4853  # "SHMCOLL1" little-endian
 HEADER_BYTES = 256
 LINE_BYTES = _sync.LINE_BYTES
-PID_OFFSET = 16  # int32 in each control line
+PID_OFFSET = 48  # int32 in each control line, after the step word and descriptors
 PAGE = 4096
 NAME_PREFIX = "shmcoll-"
 
@@ -182,7 +182,7 @@ class Arena:
             raise CollectiveError(
                 f"mismatched collectives: rank {self.ranks[self.local_rank]} called "
                 f"{describe_desc(desc)} but rank {self.ranks[other]} called "
-                f"{describe_desc(_sync.load_desc(self.lines, other))} at the same point"
+                f"{describe_desc(_sync.load_desc(self.lines, other, step & 0xFFFFFFFF))} at the same point"
             )
 
     def _wait_slow(self, local_ranks, step: int) -> None:

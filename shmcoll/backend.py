@@ -22,7 +22,6 @@ from shmcoll.algorithms import alltoall as _alltoall
 from shmcoll.algorithms import barrier as _barrier
 from shmcoll.algorithms import broadcast as _broadcast
 from shmcoll.algorithms import gather as _gather
-from shmcoll.algorithms import reduce as _reduce
 from shmcoll.algorithms import reduce_scatter as _reduce_scatter
 from shmcoll.algorithms import scatter as _scatter
 from shmcoll.arena import open_arena
@@ -338,8 +337,8 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         def body():
             work = _staged(flat)
-            _reduce.reduce(self._arena, work.data_ptr(), count, itemsize, dtype.numpy, kernel, op.kernel, scale,
-                           root, self._desc)
+            _allreduce.reduce_scatter_allgather(self._arena, work.data_ptr(), count, itemsize, dtype.numpy, kernel,
+                                                op.kernel, scale, self._desc, root=root)
             if self._rank == root:
                 _unstage(flat, work)
 

@@ -21,7 +21,7 @@ from shmcoll import kernels
 from shmcoll.algorithms import allgather as _allgather
 from shmcoll.algorithms import barrier as _barrier
 from shmcoll.algorithms import broadcast as _broadcast
-from shmcoll.algorithms import reduce as _reduce
+from shmcoll.algorithms import allreduce as _allreduce
 from shmcoll.algorithms import reduce_scatter as _reduce_scatter
 from shmcoll.arena import open_arena
 
@@ -138,8 +138,8 @@ class Hierarchy:
         op_kernel, kscale = (kernels.SUM, 1.0) if op.average else (op.kernel, scale)
         work = flat if flat.is_contiguous() else flat.contiguous()
         if self.arena is not None:
-            _reduce.reduce(self.arena, work.data_ptr(), work.numel(), work.element_size(), dtype.numpy, kernel,
-                           op_kernel, kscale, 0, desc)
+            _allreduce.reduce_scatter_allgather(self.arena, work.data_ptr(), work.numel(), work.element_size(),
+                                                dtype.numpy, kernel, op_kernel, kscale, desc, root=0)
         elif kscale != 1.0:
             work.mul_(kscale)
         if self.local_rank == 0:

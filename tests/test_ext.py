@@ -116,7 +116,7 @@ def test_wait_wakes_on_post_from_another_process(spin_ns, yield_ns):
         proc.join()
         assert behind == -1
         assert 0.15 < elapsed < 2.0, elapsed
-        assert _sync.load_step(seg.address, 1) == 5 and _sync.load_desc(seg.address, 1) == 1234
+        assert _sync.load_step(seg.address, 1) == 5 and _sync.load_desc(seg.address, 1, 5) == 1234
     finally:
         _segment.unlink_path(path)
         seg.close()
@@ -132,6 +132,11 @@ def test_wait_slice_expires_and_names_the_rank():
         assert 0.04 < time.monotonic() - start < 1.0
         assert _sync.wait_rank(seg.address, 1, 3, 0, 0, 1000)
         assert _sync.first_mismatch(seg.address, 0, 3, 3, 99) == 1
+        assert _sync.first_mismatch(seg.address, 0, 3, 3, 0) == -1
+        # A peer one step ahead writes another descriptor slot: step 3's stays readable.
+        _sync.post(seg.address, 2, 3, 0)
+        _sync.post(seg.address, 1, 4, 77)
+        assert _sync.load_desc(seg.address, 1, 3) == 0 and _sync.load_desc(seg.address, 1, 4) == 77
         assert _sync.first_mismatch(seg.address, 0, 3, 3, 0) == -1
     finally:
         _segment.unlink_path(path)

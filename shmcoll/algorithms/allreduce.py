@@ -24,8 +24,11 @@ def one_shot(arena, addr: int, count: int, itemsize: int, np_dtype, kernel, op: 
 
 
 def reduce_scatter_allgather(arena, addr: int, count: int, itemsize: int, np_dtype, kernel, op: int,
-                             scale: float, desc: int) -> None:
-    """Per chunk: publish it, reduce our 1/L share of it, publish that, gather the others' shares."""
+                             scale: float, desc: int, root: int | None = None) -> None:
+    """Per chunk: publish it, reduce our 1/L share of it, publish that, gather the others' shares.
+
+    With ``root``, only that rank gathers (a reduce); the others leave once their share is published.
+    """
     me, size = arena.local_rank, arena.local_size
     per_chunk = arena.chunk_bytes // itemsize
     for start in range(0, count, per_chunk):
@@ -41,10 +44,13 @@ def reduce_scatter_allgather(arena, addr: int, count: int, itemsize: int, np_dty
         if start == 0:
             arena.check_same_collective(step, desc)
         rows = arena.rows(buf, np_dtype)
+        # Our slot of the other buffer is ours to write: the next step is this collective's.
         kernel(arena.rows(buf ^ 1, np_dtype)[me, lo:hi], rows[0, lo:hi], rows[1:, lo:hi], op, scale)
 
         step = arena.begin_write()  # every peer reached the previous step: no wait
         arena.post(step, desc)
+        if root is not None and me != root:
+            continue
         arena.wait_all(step)
         for peer in range(size):
             plo, phi = peer * n // size, (peer + 1) * n // size
