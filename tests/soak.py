@@ -162,7 +162,8 @@ def main() -> int:
     for rank, report in enumerate(result.reports):
         if report:
             rss = report["rss_kib"]
-            print(f"rank {rank}: {report['ops']} ops, {report['mismatches']} mismatches, RSS {rss[0]} -> {rss[-1]} KiB")
+            print(f"rank {rank}: {report['ops']} ops, {report['mismatches']} mismatches, RSS {rss[0]} KiB at start, "
+                  f"{rss[1]} KiB at 10%, {rss[-1]} KiB at the end ({(rss[-1] / rss[1] - 1) * 100:+.1f}%)")
     assert_job_passes(result, min_cases=2)
     assert shm_entries() - before == set()
     print("soak passed")
