@@ -341,6 +341,20 @@ def api_surface(cases):
 
     cases.run("all_reduce_coalesced", coalesced)
 
+    def gather_coalesced():
+        import warnings
+
+        ins = [make_input("agc", rank, torch.float32, 4), make_input("agc2", rank, torch.float32, 3)]
+        outs = [[torch.zeros(4) for _ in range(world)], [torch.zeros(3) for _ in range(world)]]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # deprecated in torch, still public
+            dist.all_gather_coalesced(outs, ins)
+        for r in range(world):
+            _equal(outs[0][r], make_input("agc", r, torch.float32, 4), "coalesced 0")
+            _equal(outs[1][r], make_input("agc2", r, torch.float32, 3), "coalesced 1")
+
+    cases.run("all_gather_coalesced", gather_coalesced)
+
     def coalescing_manager():
         from torch.distributed.distributed_c10d import _coalescing_manager
 
@@ -528,6 +542,17 @@ def point_to_point(cases):
 
     cases.run("p2p/many_in_flight", many_in_flight)
 
+    def object_lists():
+        if rank == 0:
+            dist.send_object_list([{"from": 0}, "two", 3], dst=1)
+        elif rank == 1:
+            objects = [None, None, None]
+            dist.recv_object_list(objects, src=0)
+            assert objects == [{"from": 0}, "two", 3], objects
+
+    cases.run("p2p/send_recv_object_list", object_lists)
+
+    # Last: it leaves the tag-1 message unreceived in the 0 -> 1 channel, on purpose.
     def wrong_tag_is_an_error():
         if rank == 0:
             dist.send(torch.zeros(4), 1, tag=1)
@@ -540,6 +565,7 @@ def point_to_point(cases):
                 raise AssertionError("a receive for tag 2 accepted a message sent with tag 1")
 
     cases.run("p2p/wrong_tag", wrong_tag_is_an_error)
+
     dist.barrier()
 
 
