@@ -58,3 +58,14 @@ def test_bad_setting_names_its_variable():
             print(error)
     """)
     assert "SHMCOLL_CHUNK_BYTES='lots'" in out.stdout, out.stdout + out.stderr
+
+
+def test_every_package_directory_is_packaged():
+    """A non-editable install (pip install .) ships exactly the packages pyproject.toml lists."""
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    found = {os.path.relpath(root, REPO).replace(os.sep, ".")
+             for root, _, files in os.walk(os.path.join(REPO, "shmcoll")) if "__init__.py" in files}
+    assert listed == found, f"pyproject.toml lists {sorted(listed)}, the tree has {sorted(found)}"
