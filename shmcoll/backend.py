@@ -28,6 +28,9 @@ from shmcoll.arena import open_arena
 from shmcoll.errors import ShmcollError
 from shmcoll.hierarchy import Hierarchy
 from shmcoll.p2p import PointToPoint, Recv, Send
+from shmcoll.staging import staged as _staged
+from shmcoll.staging import staged_empty as _staged_empty
+from shmcoll.staging import unstage as _unstage
 from shmcoll.work import CompletedWork, ProgressEngine
 
 # Our method name -> the C++ Backend's Python name, where they differ.
@@ -88,16 +91,6 @@ def _check_tensor(tensor, what: str) -> None:
 
 def _nbytes(tensor) -> int:
     return tensor.numel() * tensor.element_size()
-
-
-def _staged(tensor):
-    """A contiguous tensor with ``tensor``'s values: itself, or a copy to write back after."""
-    return tensor if tensor.is_contiguous() else tensor.contiguous()
-
-
-def _unstage(tensor, staged) -> None:
-    if staged is not tensor:
-        tensor.copy_(staged)
 
 
 class ProcessGroupShm(dist.ProcessGroup):
@@ -710,11 +703,6 @@ def _movement(tensor) -> tuple[int, int]:
     """(count, dtype code) of a data-movement descriptor: elements of a named dtype, else bytes."""
     code = ops.movement_code(tensor.dtype)
     return (tensor.numel(), code) if code else (_nbytes(tensor), 0)
-
-
-def _staged_empty(tensor):
-    """``tensor`` itself if contiguous, else a contiguous buffer to fill and copy back."""
-    return tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
 
 
 def _sync_options(options_type, opts):

@@ -24,6 +24,7 @@ from shmcoll.algorithms import broadcast as _broadcast
 from shmcoll.algorithms import allreduce as _allreduce
 from shmcoll.algorithms import reduce_scatter as _reduce_scatter
 from shmcoll.arena import open_arena
+from shmcoll.staging import staged, staged_empty, unstage
 
 R = dist.ReduceOp.RedOpType
 # Our reduce op (shmcoll.ops name) -> the ReduceOp the rail applies to node partials.
@@ -136,7 +137,7 @@ class Hierarchy:
 
     def _allreduce_by_leaders(self, flat: torch.Tensor, op, dtype, kernel, scale: float, desc: int) -> None:
         op_kernel, kscale = (kernels.SUM, 1.0) if op.average else (op.kernel, scale)
-        work = flat if flat.is_contiguous() else flat.contiguous()
+        work = staged(flat)
         if self.arena is not None:
             _allreduce.reduce_scatter_allgather(self.arena, work.data_ptr(), work.numel(), work.element_size(),
                                                 dtype.numpy, kernel, op_kernel, kscale, desc, root=0)
@@ -147,8 +148,7 @@ class Hierarchy:
             if op.average:
                 self._finish_average(work)
         self._intra_broadcast(work, 0, desc)
-        if work is not flat:
-            flat.copy_(work)
+        unstage(flat, work)
 
     def broadcast(self, tensor: torch.Tensor, root: int, desc: int) -> None:
         """Root's rail carries the data to every node, then each node broadcasts it locally.
@@ -156,7 +156,7 @@ class Hierarchy:
         When some node lacks the root's local rank, the root's node first broadcasts
         locally and rail 0 (on every node) carries it.
         """
-        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        work = staged(tensor)
         root_node = next(n for n, ranks in enumerate(self.nodes) if root in ranks)
         root_local = self.nodes[root_node].index(root)
         entry = root_local if root_local < self.full_rails else 0
@@ -170,8 +170,7 @@ class Hierarchy:
             self.rail.broadcast([data], opts).wait()
         if self.node != root_node or entry == root_local:
             self._intra_broadcast(work, entry, desc)
-        if work is not tensor:
-            tensor.copy_(work)
+        unstage(tensor, work)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
         """Gather the node's inputs locally, all-gather the node blocks over the rail, place in rank order."""
@@ -186,13 +185,12 @@ class Hierarchy:
             _allgather.allgather(self.arena, source.data_ptr(), nbytes, (node_block.data_ptr(), nbytes), desc)
         self.tcp_bytes += L * nbytes
         self.rail._allgather_base(gathered, node_block.clone(), AllgatherOptions()).wait()
-        target = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+        target = staged_empty(output)
         out = _bytes_view(target).view(self.size, nbytes)
         blocks = gathered.view(N, L, nbytes)
         for n, ranks in enumerate(self.nodes):
             out[torch.tensor(ranks)] = blocks[n]
-        if target is not output:
-            output.copy_(target)
+        unstage(output, target)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op, dtype, kernel, scale: float,
                               desc: int) -> None:
@@ -202,16 +200,16 @@ class Hierarchy:
         blocks = input.reshape(self.size, M)
         # Block l of the node stage: the N blocks of rail l's ranks, in node order.
         order = [self.nodes[n][l] for l in range(L) for n in range(N)]
-        staged = blocks[torch.tensor(order)].reshape(-1)
+        by_rail = blocks[torch.tensor(order)].reshape(-1)
         average = op.average
         op_kernel, kscale = (kernels.SUM, 1.0) if average else (op.kernel, scale)
         if self.arena is None:
-            partial = staged
+            partial = by_rail
             if kscale != 1.0:
                 partial.mul_(kscale)
         else:
             partial = torch.empty(N * M, dtype=output.dtype)
-            _reduce_scatter.reduce_scatter(self.arena, staged.data_ptr(), N * M, output.element_size(),
+            _reduce_scatter.reduce_scatter(self.arena, by_rail.data_ptr(), N * M, output.element_size(),
                                            dtype.numpy, kernel, op_kernel, kscale, partial.data_ptr(), desc)
         result = torch.empty(M, dtype=output.dtype)
         opts = dist.ReduceScatterOptions()

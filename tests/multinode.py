@@ -10,7 +10,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from tests.scenarios import R, _data, _equal, make_input, reference_reduce
+from tests.scenarios import (R, _data, _equal, check_all_gather_into_tensor, check_broadcast, make_input,
+                             reference_reduce)
 
 
 def _backend():
@@ -89,24 +90,10 @@ def matrix(cases, big: str = "5003"):
         for count in counts:
             for root in range(world):
                 case = f"broadcast/{str(dtype)[6:]}/n={count}/root={root}"
-
-                def bcast():
-                    expected = _data(case, root, dtype, count)
-                    t = expected.clone() if rank == root else torch.zeros(count, dtype=dtype)
-                    dist.broadcast(t, src=root)
-                    _equal(t, expected, "broadcast")
-
-                cases.run(case, bcast)
+                cases.run(case, check_broadcast, case, rank, root, dtype, count)
 
             case = f"all_gather_into_tensor/{str(dtype)[6:]}/n={count}"
-
-            def gather_tensor():
-                out = torch.zeros(world * count, dtype=dtype)
-                dist.all_gather_into_tensor(out, _data(case, rank, dtype, count))
-                _equal(out, torch.cat([_data(case, r, dtype, count) for r in range(world)]),
-                       "all_gather_into_tensor")
-
-            cases.run(case, gather_tensor)
+            cases.run(case, check_all_gather_into_tensor, case, rank, world, dtype, count)
 
     def barrier():
         folder = os.path.dirname(os.environ["SHMCOLL_TEST_REPORT"])

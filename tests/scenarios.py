@@ -138,14 +138,7 @@ def data_movement(cases, big: str = "300001"):
         for count in _counts(world, int(big)):
             for root in range(world):
                 case = f"broadcast/{str(dtype)[6:]}/n={count}/root={root}"
-
-                def bcast():
-                    expected = _data(case, root, dtype, count)
-                    t = expected.clone() if rank == root else torch.zeros(count, dtype=dtype)
-                    dist.broadcast(t, src=root)
-                    _equal(t, expected, "broadcast")
-
-                cases.run(case, bcast)
+                cases.run(case, check_broadcast, case, rank, root, dtype, count)
 
             case = f"all_gather/{str(dtype)[6:]}/n={count}"
 
@@ -158,14 +151,7 @@ def data_movement(cases, big: str = "300001"):
             cases.run(case, gather_list)
 
             case = f"all_gather_into_tensor/{str(dtype)[6:]}/n={count}"
-
-            def gather_tensor():
-                out = torch.zeros(world * count, dtype=dtype)
-                dist.all_gather_into_tensor(out, _data(case, rank, dtype, count))
-                _equal(out, torch.cat([_data(case, r, dtype, count) for r in range(world)]),
-                       "all_gather_into_tensor")
-
-            cases.run(case, gather_tensor)
+            cases.run(case, check_all_gather_into_tensor, case, rank, world, dtype, count)
 
     def gather_strided_outputs():
         grid = torch.zeros(101, world)
@@ -195,6 +181,21 @@ def data_movement(cases, big: str = "300001"):
             assert not missing, f"barrier round {round_} returned before ranks {missing} arrived"
 
     cases.run("barrier", barrier)
+
+
+def check_broadcast(case, rank, root, dtype, count):
+    """Broadcast ``root``'s input for ``case`` and compare with it on every rank."""
+    expected = _data(case, root, dtype, count)
+    t = expected.clone() if rank == root else torch.zeros(count, dtype=dtype)
+    dist.broadcast(t, src=root)
+    _equal(t, expected, "broadcast")
+
+
+def check_all_gather_into_tensor(case, rank, world, dtype, count):
+    """Gather every rank's input for ``case`` into one tensor and compare with their concatenation."""
+    out = torch.zeros(world * count, dtype=dtype)
+    dist.all_gather_into_tensor(out, _data(case, rank, dtype, count))
+    _equal(out, torch.cat([_data(case, r, dtype, count) for r in range(world)]), "all_gather_into_tensor")
 
 
 def _data(case, rank, dtype, count):
