@@ -28,7 +28,7 @@ def _kernel_cache() -> tuple[str, bool]:
     from shmcoll import kernels
 
     folder = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(os.path.dirname(kernels.__file__), "__pycache__")
-    return folder, bool(glob.glob(os.path.join(folder, "**", "kernels._reduce_*.nbi"), recursive=True))
+    return folder, bool(glob.glob(os.path.join(folder, "**", "kernels.*.nbi"), recursive=True))
 
 
 def _info(_args) -> int:

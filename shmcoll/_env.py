@@ -57,6 +57,11 @@ def read_settings(environ=os.environ) -> Settings:
     return settings
 
 
+# Read elsewhere: SHMCOLL_LOG_LEVEL by shmcoll._logging (it configures logging, not Settings).
+_OTHER_VARIABLES = ("SHMCOLL_LOG_LEVEL",)
+
+
 def variables() -> dict[str, str | None]:
     """The SHMCOLL_* variables and their raw values in this process (for diagnostics)."""
-    return {name: os.environ.get(name) for name, _ in _PARSERS.values()}
+    names = [name for name, _ in _PARSERS.values()] + list(_OTHER_VARIABLES)
+    return {name: os.environ.get(name) for name in names}

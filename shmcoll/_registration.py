@@ -1,5 +1,14 @@
 """Registers the ``shm`` backend name with torch.distributed, once."""
+from __future__ import annotations
+
 import threading
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from shmcoll.backend import ProcessGroupShm
 
 BACKEND_NAME = "shm"
 _lock = threading.Lock()
@@ -18,7 +27,7 @@ def register_backend() -> bool:
     return True
 
 
-def _create_process_group(store, rank, world_size, timeout):
+def _create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> ProcessGroupShm:
     # Imported here so registration never pays for NumPy, Numba or the extension.
     from shmcoll.backend import ProcessGroupShm
 

@@ -35,7 +35,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shmcoll import _segment, _sync
+from shmcoll import _reduce, _segment, _sync
+from shmcoll._logging import log
 from shmcoll.errors import CollectiveError, PeerDiedError, PeerTimeoutError, ShmcollError
 
 MAGIC = 0x314C4C4F434D4853  # "SHMCOLL1" little-endian
@@ -47,6 +48,9 @@ NAME_PREFIX = "shmcoll-"
 
 # How long one wait call may block before Python checks deadline and liveness.
 _SLICE_NS = 100_000_000
+# A wait this long (or a third of the timeout, if shorter) logs a warning naming
+# the ranks waited for, then again each time the wait doubles.
+_WARN_AFTER_S = 10.0
 
 
 class Layout(NamedTuple):
@@ -99,9 +103,11 @@ class Arena:
         self.all_reached = 0  # highest step every local rank is known to have reached
         self._raw = np.frombuffer(segment, dtype=np.uint8)
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
-        self._one_shot: dict = {}
         self._line_words = self._raw[HEADER_BYTES:HEADER_BYTES + local_size * LINE_BYTES].view(np.int32)
         self._describe = None  # set by the caller: step -> text naming the collective
+        # Reductions run whole in C over this arena (shmcoll._reduce).
+        self.schedule = _reduce.Schedule(self.lines, local_rank, local_size, self.data, self.scratch,
+                                         chunk_bytes, spin_ns, yield_ns, _SLICE_NS)
 
     # -- layout --------------------------------------------------------------
 
@@ -130,18 +136,6 @@ class Arena:
             start = self.scratch - self.segment.address
             view = self._views[("scratch", dtype)] = self._raw[start:start + self.chunk_bytes].view(dtype)
         return view
-
-    def one_shot_views(self, buffer: int, dtype: np.dtype, count: int):
-        """(our scratch, row 0, rows 1..) of ``count`` elements; cached, since small messages repeat."""
-        key = (buffer, dtype, count)
-        views = self._one_shot.get(key)
-        if views is None:
-            if len(self._one_shot) > 256:
-                self._one_shot.clear()
-            rows = self.rows(buffer, dtype)
-            views = (self.scratch_view(dtype)[:count], rows[0, :count], rows[1:, :count])
-            self._one_shot[key] = views
-        return views
 
     # -- steps ---------------------------------------------------------------
 
@@ -187,7 +181,9 @@ class Arena:
 
     def _wait_slow(self, local_ranks, step: int) -> None:
         """Keep waiting in slices, checking the deadline and whether peers are alive."""
-        deadline = time.monotonic() + self.timeout_s
+        start = time.monotonic()
+        deadline = start + self.timeout_s
+        warn_after = min(_WARN_AFTER_S, self.timeout_s / 3)
         while True:
             behind = [r for r in local_ranks if r != self.local_rank
                       and not _reached(_sync.load_step(self.lines, r), step)]
@@ -195,6 +191,12 @@ class Arena:
                 return
             dead = [r for r in behind if not _process_alive(self.pid(r))]
             what = self._describe(step) if self._describe else f"step {step}"
+            waited = time.monotonic() - start
+            if waited >= warn_after and not dead:
+                log.warning("rank %d has waited %.0f s in %s for rank(s) %s (alive, not there yet); "
+                            "timeout in %.0f s", self.ranks[self.local_rank], waited, what,
+                            _names(self.ranks, behind), deadline - time.monotonic())
+                warn_after *= 2
             if dead:
                 raise PeerDiedError(
                     f"rank(s) {_names(self.ranks, dead)} died (process exited) before reaching {what}; "
@@ -219,7 +221,6 @@ class Arena:
     def close(self) -> None:
         """Drop this rank's mapping (views first, so the unmap happens now)."""
         self._views.clear()
-        self._one_shot.clear()
         self._raw = self._line_words = None
         self.segment.close()
 

@@ -8,13 +8,17 @@ nothing is queued; on the progress thread otherwise).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
 from shmcoll import kernels, ops, topology
+from shmcoll._logging import configure as _configure_logging
+from shmcoll._logging import log as _log
 from shmcoll._env import read_settings
 from shmcoll.algorithms import allgather as _allgather
 from shmcoll.algorithms import allreduce as _allreduce
@@ -34,8 +38,11 @@ from shmcoll.staging import unstage as _unstage
 from shmcoll.work import CompletedWork, ProgressEngine
 
 # Our method name -> the C++ Backend's Python name, where they differ.
-_BACKEND_NAMES = {"all_gather_single": "_allgather_base", "reduce_scatter_single": "_reduce_scatter_base",
-                  "all_to_all_single": "alltoall_base", "allgather_into_tensor_coalesced": "allgather_coalesced"}
+_BACKEND_NAMES = {"_allreduce_general": "allreduce", "all_gather_single": "_allgather_base",
+                  "reduce_scatter_single": "_reduce_scatter_base", "all_to_all_single": "alltoall_base",
+                  "allgather_into_tensor_coalesced": "allgather_coalesced"}
+
+_STRIDED = torch.strided
 
 _COMPLEX_OPS = {dist.ReduceOp.RedOpType.SUM, dist.ReduceOp.RedOpType.AVG, dist.ReduceOp.RedOpType.PREMUL_SUM}
 
@@ -109,8 +116,11 @@ class ProcessGroupShm(dist.ProcessGroup):
         self._seq = 0  # collectives started on this group, for messages
         self._desc = 0  # descriptor of the collective in progress
         self._plans: dict = {}  # (reduce op kind, dtype) -> resolved reduction
+        self._small: dict | None = None  # (reduce op kind, dtype) -> small all-reduce plan, on one node
+        self._done = CompletedWork()  # returned by every synchronous small all-reduce
         self._engine = ProgressEngine(f"rank{rank}")
         self._p2p = None
+        _configure_logging(rank)
         # Load every kernel before any collective, so none compiles on only some ranks.
         kernels.warm()
         if size == 1:
@@ -126,11 +136,31 @@ class ProcessGroupShm(dist.ProcessGroup):
                                      spin_ns, yield_ns, key=f"{keys}/arena")
             self._arena._describe = self._describe_current
             self._p2p = PointToPoint(self._arena, f"rank{rank}")
+            self._small = {}
         else:
             spin_ns, yield_ns = _wait_policy(self._settings, len(topo.local_ranks))
             self._hierarchy = Hierarchy(store, rank, size, timeout, self._settings, topo, keys, spin_ns, yield_ns,
                                         self._describe_current)
             self._gloo = self._hierarchy.flat
+        if rank == 0 and _log.isEnabledFor(logging.INFO):
+            _log.info("%s", self._summary(topo, spin_ns, yield_ns))
+
+    def _summary(self, topo, spin_ns: int, yield_ns: int) -> str:
+        """What this group will do, in a few lines (logged at INFO on its first rank)."""
+        s = self._settings
+        arena = self._arena if self._arena is not None else self._hierarchy.arena
+        lines = [f"shm process group of {self._size} ranks on {len(topo.nodes)} node(s): {topo.nodes}"]
+        if arena is not None:
+            lines.append(f"  arena: {arena.segment.size / 2**20:.1f} MiB for {arena.local_size} local ranks, "
+                         f"{s.chunk_bytes // 1024} KiB chunks, {s.p2p_bytes // 1024} KiB p2p channels")
+        small = min(s.small_bytes, s.chunk_bytes)
+        lines.append(f"  all_reduce: one-shot up to {small} B, chunked reduce-scatter + all-gather above")
+        if self._hierarchy is not None:
+            lines.append("  across nodes: intra-node reduce-scatter, Gloo rail all_reduce, intra-node all-gather; "
+                         "ops without a hierarchical plan run on a flat Gloo group")
+        lines.append(f"  waits: spin {spin_ns / 1000:g} us, sched_yield {yield_ns / 1000:g} us, then futex sleep "
+                     f"({len(os.sched_getaffinity(0))} usable CPUs); timeout {self._timeout.total_seconds():g} s")
+        return "\n".join(lines)
 
     # -- torch.distributed hooks ---------------------------------------------
 
@@ -158,7 +188,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         return getattr(self, "_group_desc", "undefined")
 
     @property
-    def options(self):
+    def options(self) -> None:
         return None
 
     # -- plumbing ------------------------------------------------------------
@@ -174,6 +204,8 @@ class ProcessGroupShm(dist.ProcessGroup):
                 raise ShmcollError(f"this shm process group is unusable after an earlier error: {self._error}")
             self._seq += 1
             self._desc = desc
+            if _log.isEnabledFor(logging.DEBUG):
+                _log.debug("rank %d: %s #%d", self._rank, ops.describe_desc(desc), self._seq)
             try:
                 return body()
             except ShmcollError as error:
@@ -202,6 +234,8 @@ class ProcessGroupShm(dist.ProcessGroup):
         plan = self._plans.get((kind, tensor.dtype))
         if plan is None:
             plan = self._plans[(kind, tensor.dtype)] = self._plan_reduction(kind, tensor, what)
+            if self._small is not None:
+                self._plan_small(kind, tensor.dtype)
         op, dtype, kernel, scale, as_real, premul = plan
         if premul:  # a flag: comparing pybind enums costs half a microsecond
             scale = ops.premul_factor(redop)
@@ -214,7 +248,7 @@ class ProcessGroupShm(dist.ProcessGroup):
                 raise ValueError(f"{what}: {kind} is not defined for complex tensors (only SUM, AVG, PREMUL_SUM)")
             tensor = torch.view_as_real(tensor)
         op, dtype = ops.reduce_op(kind, tensor.dtype)
-        kernel = kernels.reducer(dtype.name)
+        kernel = kernels.entry_point(dtype.name)  # called by address from shmcoll._reduce
         scale = float(self._size) if op.average else 1.0
         return op, dtype, kernel, scale, as_real, kind == dist.ReduceOp.RedOpType.PREMUL_SUM
 
@@ -262,8 +296,55 @@ class ProcessGroupShm(dist.ProcessGroup):
 
     # -- reductions ----------------------------------------------------------
 
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:
+        # At 8 bytes the shared-memory exchange takes under a microsecond and
+        # torch's own all_reduce wrapper about six; every check below is a
+        # measurable share of the rest, hence a path of its own for the
+        # common case: one small, contiguous, real CPU tensor, a synchronous
+        # call, one node, nothing in flight (see _small_allreduce).
+        small = self._small
+        if small is not None and opts is not None and len(tensors) == 1 and not opts.asyncOp:
+            tensor = tensors[0]
+            if (isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.layout is _STRIDED
+                    and tensor.is_contiguous()):
+                plan = small.get((opts.reduceOp.op, tensor.dtype))
+                if plan is not None:
+                    count = tensor.numel()
+                    if 0 < count <= plan[0] and not self._engine.busy():
+                        return self._small_allreduce(tensor, count, plan, tensors)
+        return self._allreduce_general(tensors, opts)
+
+    def _small_allreduce(self, tensor, count: int, plan, tensors):
+        """One-shot all-reduce, inline; returns the group's reusable completed Work."""
+        _, desc_base, itemsize, kernel, op, scale = plan
+        if self._error is not None:
+            raise ShmcollError(f"this shm process group is unusable after an earlier error: {self._error}")
+        self._seq += 1
+        self._desc = desc = desc_base | count << ops.COUNT_SHIFT
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("rank %d: %s #%d", self._rank, ops.describe_desc(desc), self._seq)
+        try:
+            _allreduce.one_shot(self._arena, tensor.data_ptr(), count, itemsize, kernel, op, scale, desc)
+        except ShmcollError as error:
+            self._error = error
+            raise
+        # A synchronous call's Work is only waited on, never kept: one object serves them all.
+        done = self._done
+        done._result = tensors
+        return done
+
+    def _plan_small(self, kind, dtype) -> None:
+        """Admit (kind, dtype) to the small all-reduce path once its reduction is planned."""
+        if self._arena is None or dtype.is_complex or kind == dist.ReduceOp.RedOpType.PREMUL_SUM:
+            return
+        op, shm_dtype, kernel, scale, _, _ = self._plans[(kind, dtype)]
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        max_count = min(self._settings.small_bytes, self._arena.chunk_bytes) // itemsize
+        desc_base = ops.descriptor(ops.ALLREDUCE, 0, shm_dtype.code, op.code)
+        self._small[(kind, dtype)] = (max_count, desc_base, itemsize, kernel, op.kernel, scale)
+
     @_route_devices
-    def allreduce(self, tensors, opts=None):
+    def _allreduce_general(self, tensors, opts=None):
         tensor = self._one_tensor(tensors, "all_reduce")
         redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         op, dtype, kernel, scale, flat = self._reduction(redop, tensor, "all_reduce")
@@ -286,13 +367,14 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         def body():
             work = _staged(flat)
-            plan(arena, work.data_ptr(), count, itemsize, dtype.numpy, kernel, op.kernel, scale, self._desc)
+            plan(arena, work.data_ptr(), count, itemsize, kernel, op.kernel, scale, self._desc)
             _unstage(flat, work)
 
         return self._launch(desc, body, [tensor], opts)
 
     @_route_devices
-    def allreduce_coalesced(self, tensors, opts=None):
+    def allreduce_coalesced(self, tensors: list[torch.Tensor],
+                            opts: dist.AllreduceCoalescedOptions | None = None) -> dist.Work:
         """All tensors reduced as one flat buffer (one collective, not one per tensor)."""
         if self._gloo is not None:
             return self._delegate("allreduce_coalesced", tensors, opts)
@@ -314,7 +396,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         return CompletedWork(list(tensors))
 
     @_route_devices
-    def reduce(self, tensors, opts=None):
+    def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions | None = None) -> dist.Work:
         tensor = self._one_tensor(tensors, "reduce")
         root = self._root(opts.rootRank if opts is not None else 0, "reduce")
         redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -330,15 +412,16 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         def body():
             work = _staged(flat)
-            _allreduce.reduce_scatter_allgather(self._arena, work.data_ptr(), count, itemsize, dtype.numpy, kernel,
-                                                op.kernel, scale, self._desc, root=root)
+            _allreduce.reduce_scatter_allgather(self._arena, work.data_ptr(), count, itemsize, kernel, op.kernel,
+                                                scale, self._desc, root=root)
             if self._rank == root:
                 _unstage(flat, work)
 
         return self._launch(ops.descriptor(ops.REDUCE, count, dtype.code, op.code, root), body, [tensor], opts)
 
     @_route_devices
-    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
         output = self._one_tensor(output_tensors, "reduce_scatter output")
         if len(input_lists) != 1:
             raise ValueError(f"reduce_scatter: expected one input list, got {len(input_lists)}")
@@ -353,7 +436,8 @@ class ProcessGroupShm(dist.ProcessGroup):
         return self._reduce_scatter_flat(output, stacked, opts, [output])
 
     @_route_devices
-    def reduce_scatter_single(self, output, input, opts=None):
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
         _check_tensor(output, "reduce_scatter_tensor output")
         _check_tensor(input, "reduce_scatter_tensor input")
         if input.dtype != output.dtype or input.numel() != output.numel() * self._size:
@@ -393,14 +477,15 @@ class ProcessGroupShm(dist.ProcessGroup):
 
         def body():
             staged = _staged(out_view)
-            _reduce_scatter.reduce_scatter(self._arena, flat_input.data_ptr(), count, itemsize, dtype.numpy, kernel,
-                                           op.kernel, scale, staged.data_ptr(), self._desc)
+            _reduce_scatter.reduce_scatter(self._arena, flat_input.data_ptr(), count, itemsize, kernel, op.kernel,
+                                           scale, staged.data_ptr(), self._desc)
             _unstage(out_view, staged)
 
         return self._launch(ops.descriptor(ops.REDUCE_SCATTER, count, dtype.code, op.code), body, result, opts)
 
     @_route_devices
-    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
         if len(outputs) != len(inputs):
             raise ValueError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
         sync = _sync_options(dist.ReduceScatterOptions, opts)
@@ -413,7 +498,7 @@ class ProcessGroupShm(dist.ProcessGroup):
     # -- data movement -------------------------------------------------------
 
     @_route_devices
-    def broadcast(self, tensors, opts=None):
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions | None = None) -> dist.Work:
         tensor = self._one_tensor(tensors, "broadcast")
         root = self._root(opts.rootRank if opts is not None else 0, "broadcast")
         if self._flat_only("broadcast"):
@@ -435,7 +520,8 @@ class ProcessGroupShm(dist.ProcessGroup):
         return self._launch(desc, body, [tensor], opts)
 
     @_route_devices
-    def allgather(self, output_lists, input_tensors, opts=None):
+    def allgather(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts: AllgatherOptions | None = None) -> dist.Work:
         tensor = self._one_tensor(input_tensors, "all_gather")
         if len(output_lists) != 1:
             raise ValueError(f"all_gather: expected one output list, got {len(output_lists)}")
@@ -462,7 +548,8 @@ class ProcessGroupShm(dist.ProcessGroup):
         return self._launch(desc, body, output_lists, opts)
 
     @_route_devices
-    def all_gather_single(self, output, input, opts=None):
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: AllgatherOptions | None = None) -> dist.Work:
         _check_tensor(input, "all_gather_into_tensor input")
         _check_tensor(output, "all_gather_into_tensor output")
         if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
@@ -492,7 +579,8 @@ class ProcessGroupShm(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     @_route_devices
-    def allgather_coalesced(self, output_lists, input_list, opts=None):
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+                            opts: AllgatherOptions | None = None) -> dist.Work:
         if len(output_lists) != len(input_list):
             raise ValueError(f"all_gather_coalesced: {len(output_lists)} output lists for {len(input_list)} inputs")
         sync = _sync_options(None, opts)
@@ -501,7 +589,8 @@ class ProcessGroupShm(dist.ProcessGroup):
         return CompletedWork(output_lists)
 
     @_route_devices
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: AllgatherOptions | None = None) -> dist.Work:
         if len(outputs) != len(inputs):
             raise ValueError(f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
         sync = _sync_options(None, opts)
@@ -512,7 +601,8 @@ class ProcessGroupShm(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     @_route_devices
-    def gather(self, output_lists, input_tensors, opts=None):
+    def gather(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: dist.GatherOptions | None = None) -> dist.Work:
         tensor = self._one_tensor(input_tensors, "gather")
         root = self._root(opts.rootRank if opts is not None else 0, "gather")
         if self._rank == root:
@@ -542,7 +632,8 @@ class ProcessGroupShm(dist.ProcessGroup):
         return self._launch(ops.descriptor(ops.GATHER, nbytes, 0, 0, root), body, output_lists, opts)
 
     @_route_devices
-    def scatter(self, output_tensors, input_lists, opts=None):
+    def scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                opts: dist.ScatterOptions | None = None) -> dist.Work:
         output = self._one_tensor(output_tensors, "scatter output")
         root = self._root(opts.rootRank if opts is not None else 0, "scatter")
         if self._rank == root:
@@ -571,7 +662,8 @@ class ProcessGroupShm(dist.ProcessGroup):
         return self._launch(ops.descriptor(ops.SCATTER, nbytes, 0, 0, root), body, [output], opts)
 
     @_route_devices
-    def alltoall(self, output_tensors, input_tensors, opts=None):
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: dist.AllToAllOptions | None = None) -> dist.Work:
         outputs = self._list_of_size(output_tensors, "all_to_all output list")
         inputs = self._list_of_size(input_tensors, "all_to_all input list")
         for i, t in enumerate(inputs):
@@ -600,7 +692,8 @@ class ProcessGroupShm(dist.ProcessGroup):
         return self._launch(ops.descriptor(ops.ALLTOALL, sizes_in[0] if uniform else 0), body, output_tensors, opts)
 
     @_route_devices
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: dist.AllToAllOptions | None = None) -> dist.Work:
         _check_tensor(input, "all_to_all_single input")
         _check_tensor(output, "all_to_all_single output")
         if output.dtype != input.dtype:
@@ -626,7 +719,7 @@ class ProcessGroupShm(dist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
-    def barrier(self, opts=None):
+    def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:
         if self._size == 1:
             return CompletedWork()
         if not isinstance(opts, dist.BarrierOptions):
@@ -649,7 +742,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         return peer
 
     @_route_devices
-    def send(self, tensors, dstRank: int, tag: int = 0):
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> dist.Work:
         tensor = self._one_tensor(tensors, "send")
         dst = self._peer(dstRank, "send")
         if self._gloo is not None:
@@ -658,7 +751,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         return self._p2p.start(Send(self._p2p, dst, source.data_ptr(), _nbytes(source), tag, [source]))
 
     @_route_devices
-    def recv(self, tensors, srcRank: int, tag: int = 0):
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> dist.Work:
         tensor = self._one_tensor(tensors, "recv")
         src = self._peer(srcRank, "recv")
         if self._gloo is not None:
@@ -666,7 +759,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         return self._start_recv(tensor, src, tag)
 
     @_route_devices
-    def recv_anysource(self, tensors, tag: int = 0):
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
         tensor = self._one_tensor(tensors, "recv")
         if self._gloo is not None:
             return self._gloo.recv_anysource([tensor], tag)

@@ -124,8 +124,8 @@ class Hierarchy:
                 shard.mul_(kscale)
         else:
             shard = torch.empty(block, dtype=flat.dtype)
-            _reduce_scatter.reduce_scatter(self.arena, work.data_ptr(), block, itemsize, dtype.numpy, kernel,
-                                           op_kernel, kscale, shard.data_ptr(), desc)
+            _reduce_scatter.reduce_scatter(self.arena, work.data_ptr(), block, itemsize, kernel, op_kernel, kscale,
+                                           shard.data_ptr(), desc)
         self._rail_allreduce(shard, _RAIL_OPS[op.name])
         if average:
             self._finish_average(shard)
@@ -140,7 +140,7 @@ class Hierarchy:
         work = staged(flat)
         if self.arena is not None:
             _allreduce.reduce_scatter_allgather(self.arena, work.data_ptr(), work.numel(), work.element_size(),
-                                                dtype.numpy, kernel, op_kernel, kscale, desc, root=0)
+                                                kernel, op_kernel, kscale, desc, root=0)
         elif kscale != 1.0:
             work.mul_(kscale)
         if self.local_rank == 0:
@@ -209,8 +209,8 @@ class Hierarchy:
                 partial.mul_(kscale)
         else:
             partial = torch.empty(N * M, dtype=output.dtype)
-            _reduce_scatter.reduce_scatter(self.arena, by_rail.data_ptr(), N * M, output.element_size(),
-                                           dtype.numpy, kernel, op_kernel, kscale, partial.data_ptr(), desc)
+            _reduce_scatter.reduce_scatter(self.arena, by_rail.data_ptr(), N * M, output.element_size(), kernel,
+                                           op_kernel, kscale, partial.data_ptr(), desc)
         result = torch.empty(M, dtype=output.dtype)
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = _RAIL_OPS[op.name]

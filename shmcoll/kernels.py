@@ -85,9 +85,9 @@ import threading
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, cfunc, njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, register_jitable
 
 __all__ = [
     "SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG",
@@ -430,6 +430,7 @@ def _check(out, first, rows):
     return n
 
 
+@register_jitable
 def _reduce_float(out, first, rows, op, scale):
     n = _check(out, first, rows)
     divide = op == AVG
@@ -492,6 +493,7 @@ def _reduce_float(out, first, rows, op, scale):
                 po[i0 + j] = t[j]
 
 
+@register_jitable
 def _reduce_f16(out, first, rows, op, scale):
     # identical to _reduce_float, with every input widened by _h2f into the
     # float32 accumulator and the result rounded once by _f2h
@@ -557,6 +559,7 @@ def _reduce_f16(out, first, rows, op, scale):
                 po[i0 + j] = _f2h(t[j])
 
 
+@register_jitable
 def _reduce_bf16(out, first, rows, op, scale):
     # Like _reduce_f16, but the elements are processed in pairs (one uint32
     # word each): even elements accumulate in te, odd ones in to, so that
@@ -665,6 +668,7 @@ def _reduce_bf16(out, first, rows, op, scale):
         po[i] = _f2bf(x)
 
 
+@register_jitable
 def _reduce_int(out, first, rows, op, scale):
     # integer arithmetic wraps (intermediates are truncated to the element
     # type on every store); scale is ignored.
@@ -713,6 +717,7 @@ def _reduce_int(out, first, rows, op, scale):
             po[i0 + j] = t[j]
 
 
+@register_jitable
 def _reduce_bool(out, first, rows, op, scale):
     # bool arrays are read and written as bytes; every input byte is
     # normalised to 0/1 (non-zero = True), so the output is always 0/1.
@@ -802,6 +807,47 @@ def reducer(dtype: str):
     return kern
 
 
+# C entry points: the same kernels behind a C signature, called by address and
+# without the GIL from the Cython schedules (shmcoll._reduce), so a whole
+# collective runs without coming back to Python:
+#
+#   void entry(void *out, const void *first, const void *rows, int64 nrows,
+#              int64 row_stride, int64 n, int64 op, double scale)
+#
+# ``rows`` holds ``nrows`` rows of ``n`` elements, row r + 1 starting
+# ``row_stride`` elements after row r; the arrays follow the module docstring.
+_ENTRY_SIG = types.void(types.voidptr, types.voidptr, types.voidptr, types.int64, types.int64,
+                        types.int64, types.int64, types.float64)
+_entries = {}  # dtype -> address
+_entry_cfuncs = []  # keeps every compiled entry point (and its code) alive
+
+
+def _make_entry(family, np_dtype):
+    # Numba keys its on-disk cache on the pickled closure: ``family`` is a plain
+    # function (register_jitable keeps it so) and pickles by name, as does the dtype.
+    def entry(out, first, rows, nrows, row_stride, n, op, scale):
+        family(carray(out, n, np_dtype), carray(first, n, np_dtype),
+               carray(rows, (nrows, row_stride), np_dtype)[:, :n], op, scale)
+
+    return cfunc(_ENTRY_SIG, nopython=True, nogil=True, cache=True)(entry)
+
+
+def entry_point(dtype: str) -> int:
+    """Address of the C entry point of dtype's kernel (compiled or loaded from cache on first use)."""
+    address = _entries.get(dtype)
+    if address is not None:
+        return address
+    if dtype not in _SPECS:
+        raise ValueError(f"shmcoll.kernels: unsupported dtype {dtype!r}")
+    with _lock:
+        if dtype not in _entries:
+            family, _ = _SPECS[dtype]
+            compiled = _make_entry(family, NUMPY_DTYPES[dtype])
+            _entry_cfuncs.append(compiled)
+            _entries[dtype] = compiled.address
+    return _entries[dtype]
+
+
 def supports(dtype: str, op: int) -> bool:
     """True if reducer(dtype) implements op (bitwise ops: integer/bool only)."""
     if dtype not in _SPECS:
@@ -816,6 +862,10 @@ def supports(dtype: str, op: int) -> bool:
 
 
 def warm() -> None:
-    """Compile (or load from the on-disk cache) every kernel now, so no collective ever compiles."""
+    """Compile (or load from the on-disk cache) every entry point now, so no collective ever compiles.
+
+    Collectives call only the entry points; ``reducer()`` compiles its array
+    form on first use (tests and benchmarks call kernels on arrays).
+    """
     for dtype in DTYPES:
-        reducer(dtype)
+        entry_point(dtype)

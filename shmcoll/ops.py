@@ -121,10 +121,13 @@ KIND_NAMES = {BARRIER: "barrier", ALLREDUCE: "all_reduce", BROADCAST: "broadcast
 _ROOTED = {"broadcast", "reduce", "gather", "scatter"}
 
 
+COUNT_SHIFT = 30  # the count is the descriptor's top field: descriptor(..., 0, ...) | count << COUNT_SHIFT
+
+
 def descriptor(kind: int, count: int = 0, dtype_code: int = 0, op_code: int = 0, root: int = 0) -> int:
     """Pack what identifies a collective into 64 bits: kind 6, op 4, dtype 5, root 15, count 34."""
     return (kind | op_code << 6 | dtype_code << 10 | (root & 0x7FFF) << 15
-            | (count & 0x3FFFFFFFF) << 30)
+            | (count & 0x3FFFFFFFF) << COUNT_SHIFT)
 
 
 def describe_desc(desc: int) -> str:

@@ -124,6 +124,11 @@ class ProgressEngine:
         self._thread: threading.Thread | None = None
         self._closed = False
 
+    def busy(self) -> bool:
+        """Something is queued or running. Read without the lock: only the issuing thread
+        queues work, so from its point of view an idle engine stays idle."""
+        return self._running or bool(self._queue)
+
     def execute(self, run, result, async_op: bool, describe):
         """Run ``run()`` (which may return a source rank) in order; return its Work."""
         with self._cv:

@@ -69,3 +69,17 @@ def test_every_package_directory_is_packaged():
     found = {os.path.relpath(root, REPO).replace(os.sep, ".")
              for root, _, files in os.walk(os.path.join(REPO, "shmcoll")) if "__init__.py" in files}
     assert listed == found, f"pyproject.toml lists {sorted(listed)}, the tree has {sorted(found)}"
+
+
+def test_every_variable_is_documented():
+    """Each SHMCOLL_* name the package reads appears in README.md's variable table."""
+    import re
+
+    from tests.harness import REPO
+
+    used = set()
+    for path in (REPO / "shmcoll").rglob("*.py"):
+        used |= set(re.findall(r"SHMCOLL_[A-Z_]+[A-Z]", path.read_text()))
+    used -= {"SHMCOLL_TEST_FAIL_ATTACH"}  # test-only fault injection, documented where it is read
+    table = {m for m in re.findall(r"^\| `(SHMCOLL_[A-Z_]+)`", (REPO / "README.md").read_text(), re.M)}
+    assert used and used <= table, f"undocumented: {sorted(used - table)}"

@@ -1,0 +1,90 @@
+# Control-line primitives shared by the Cython modules that wait on steps
+# (sync.pyx for Python callers, reduce.pyx for whole schedules run in C).
+# Textually included: every function here inlines into its caller.
+# Terms: see sync.pyx.
+from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
+cimport arch
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+cdef enum:
+    _LINE = 128
+    _DESC = 8
+
+
+cdef inline uint32_t *_step_word(uintptr_t lines, int rank) noexcept nogil:
+    return <uint32_t *>(lines + <uintptr_t>rank * _LINE)
+
+
+cdef inline uint64_t *_desc_slot(uintptr_t lines, int rank, uint32_t step) noexcept nogil:
+    return <uint64_t *>(<char *>_step_word(lines, rank) + _DESC + 8 * (step & 3))
+
+
+
+cdef inline void _post(uintptr_t lines, int rank, uint32_t step, uint64_t desc) noexcept nogil:
+    cdef uint32_t *word = _step_word(lines, rank)
+    arch.shmcoll_store_release_u64(_desc_slot(lines, rank, step), desc)
+    arch.shmcoll_store_seq_cst_u32(word, step)
+    if arch.shmcoll_load_seq_cst_u32(word + 1) != 0:
+        arch.shmcoll_futex_wake_all(word)
+
+
+cdef inline int _wait_one(uint32_t *word, uint32_t target, int64_t spin_until,
+                   int64_t yield_until, int64_t slice_end) noexcept nogil:
+    """1 once *word has reached target, 0 if the slice ended first."""
+    cdef int64_t now
+    cdef int i
+    cdef uint32_t seen
+    # Spin: the common case on an idle core, where the peer is microseconds away.
+    while True:
+        for i in range(64):
+            if arch.shmcoll_reached(arch.shmcoll_load_acquire_u32(word), target):
+                return 1
+            arch.shmcoll_cpu_relax()
+        now = arch.shmcoll_now_ns()
+        if now >= spin_until or now >= slice_end:
+            break
+    # Yield: another runnable rank on this core gets the CPU at once.
+    while True:
+        if arch.shmcoll_reached(arch.shmcoll_load_acquire_u32(word), target):
+            return 1
+        now = arch.shmcoll_now_ns()
+        if now >= yield_until or now >= slice_end:
+            break
+        sched_yield()
+    # Sleep on the futex; the poster wakes us only if it sees waiters > 0.
+    arch.shmcoll_fetch_add_u32(word + 1, 1)
+    while True:
+        seen = arch.shmcoll_load_seq_cst_u32(word)
+        if arch.shmcoll_reached(seen, target):
+            arch.shmcoll_fetch_sub_u32(word + 1, 1)
+            return 1
+        now = arch.shmcoll_now_ns()
+        if now >= slice_end:
+            arch.shmcoll_fetch_sub_u32(word + 1, 1)
+            return 0
+        arch.shmcoll_futex_wait(word, seen, slice_end - now)
+
+
+
+cdef inline int _wait_ranks(uintptr_t lines, int first, int stop, int skip, uint32_t target,
+                            int64_t spin_ns, int64_t yield_ns, int64_t slice_ns) noexcept nogil:
+    """-1 once every rank in [first, stop) but ``skip`` has reached target; else the first still behind."""
+    cdef int64_t start = arch.shmcoll_now_ns()
+    cdef int r
+    for r in range(first, stop):
+        if r != skip and not _wait_one(_step_word(lines, r), target, start + spin_ns,
+                                       start + spin_ns + yield_ns, start + slice_ns):
+            return r
+    return -1
+
+
+cdef inline int _first_mismatch(uintptr_t lines, int first, int stop, uint32_t step, uint64_t desc) noexcept nogil:
+    """First rank in [first, stop) that published exactly ``step`` with another descriptor; -1 if none."""
+    cdef int r
+    for r in range(first, stop):
+        if arch.shmcoll_load_acquire_u32(_step_word(lines, r)) == step and \
+                arch.shmcoll_load_acquire_u64(_desc_slot(lines, r, step)) != desc:
+            return r
+    return -1

@@ -1,0 +1,230 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""All-reduce and reduce schedules run in C, from the first copy to the last.
+
+A Python loop around copies, posts, waits and kernel calls costs tens of
+microseconds per step: most of an 8-byte all-reduce, a sixth of a large one.
+Here one call runs a whole schedule with the GIL released, calling the Numba
+reduction kernels by address (``shmcoll.kernels.entry_point``).
+
+Waits are bounded by ``slice_ns`` like every other wait: when one expires, the
+call returns where it stopped so that Python can check deadlines and whether
+peers are alive (``Arena.wait_slow``), then resumes it from that point.
+
+Every result is reduced in rank order (rank 0's data first), as in
+``shmcoll.kernels``, so one-shot and chunked schedules give bitwise identical
+results on every rank.
+"""
+from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
+from libc.string cimport memcpy
+
+include "lines.pxi"
+
+ctypedef void (*kernel_t)(void *out, void *first, void *rows, int64_t nrows, int64_t row_stride,
+                          int64_t n, int64_t op, double scale) noexcept nogil
+
+# Status codes of Schedule methods; a value >= 0 is the position of a wait
+# whose slice expired (resume from it once every rank has reached its step).
+cdef enum:
+    _DONE = -1
+    _MISMATCH = -2  # a peer published the first step for another collective
+
+DONE = _DONE
+MISMATCH = _MISMATCH
+
+
+cdef class Schedule:
+    """One rank's constants for running reductions over its arena (made once per arena)."""
+
+    cdef uintptr_t lines, data, scratch
+    cdef int me, size
+    cdef Py_ssize_t buffer_bytes, chunk_bytes
+    cdef int64_t spin_ns, yield_ns, slice_ns
+
+    def __cinit__(self, uintptr_t lines, int me, int size, uintptr_t data, uintptr_t scratch,
+                  Py_ssize_t chunk_bytes, int64_t spin_ns, int64_t yield_ns, int64_t slice_ns):
+        self.lines = lines
+        self.scratch = scratch
+        self.me = me
+        self.size = size
+        self.data = data
+        self.chunk_bytes = chunk_bytes
+        self.buffer_bytes = size * chunk_bytes
+        self.spin_ns = spin_ns
+        self.yield_ns = yield_ns
+        self.slice_ns = slice_ns
+
+    cdef inline char *slot(self, uint32_t step, int rank) noexcept nogil:
+        """Start of ``rank``'s slot in the buffer step ``step`` uses."""
+        return <char *>(self.data + (step & 1) * self.buffer_bytes + rank * self.chunk_bytes)
+
+    def one_shot(self, uint32_t step, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize,
+                 uintptr_t kernel, int64_t op, double scale, bint resume):
+        """All-reduce ``count`` elements at ``addr`` (at most one slot) in one step.
+
+        Publish the input, post ``step``, wait for everyone, reduce every slot
+        straight into ``addr``. ``resume``: the input is already posted.
+        Returns DONE, MISMATCH, or 0 when the wait's slice expired.
+        """
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._one_shot(step, desc, <char *>addr, count, itemsize, <kernel_t>kernel, op, scale, resume)
+        return status
+
+    cdef Py_ssize_t _one_shot(self, uint32_t step, uint64_t desc, char *addr, Py_ssize_t count, int itemsize,
+                              kernel_t kernel, int64_t op, double scale, bint resume) noexcept nogil:
+        if not resume:
+            memcpy(self.slot(step, self.me), addr, count * itemsize)
+            _post(self.lines, self.me, step, desc)
+        if _wait_ranks(self.lines, 0, self.size, self.me, step, self.spin_ns, self.yield_ns, self.slice_ns) >= 0:
+            return 0
+        if _first_mismatch(self.lines, 0, self.size, step, desc) >= 0:
+            return _MISMATCH
+        kernel(addr, self.slot(step, 0), self.slot(step, 1), self.size - 1, self.chunk_bytes // itemsize,
+               count, op, scale)
+        return _DONE
+
+    def chunked(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize,
+                uintptr_t kernel, int64_t op, double scale, int root, Py_ssize_t resume):
+        """All-reduce (``root`` < 0) or reduce to ``root`` of ``count`` elements at ``addr``.
+
+        Per chunk c, two steps: base + 2c + 1 publishes the chunk, after which
+        each rank reduces its 1/L share into its slot of the other buffer;
+        base + 2c + 2 publishes the shares, which every rank (or only the root)
+        gathers into ``addr``. A rank that is not the root leaves after posting
+        its last share. Every rank must have reached ``base`` before the call.
+
+        Wait positions: 2c waits for step base + 2c + 1, 2c + 1 for base + 2c + 2.
+        ``resume`` is -1 for a fresh start, or the position returned by the
+        previous call once its step has been reached by every rank.
+        Returns DONE, MISMATCH, or the position of the wait that expired.
+        """
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._chunked(base, desc, <char *>addr, count, itemsize, <kernel_t>kernel, op, scale,
+                                   root, resume)
+        return status
+
+    cdef Py_ssize_t _chunked(self, uint32_t base, uint64_t desc, char *addr, Py_ssize_t count, int itemsize,
+                             kernel_t kernel, int64_t op, double scale, int root,
+                             Py_ssize_t resume) noexcept nogil:
+        cdef Py_ssize_t per = self.chunk_bytes // itemsize
+        cdef Py_ssize_t chunks = (count + per - 1) // per
+        cdef Py_ssize_t c = 0 if resume < 0 else resume // 2
+        cdef Py_ssize_t n, lo, hi, plo, phi, start
+        cdef uint32_t publish, share
+        cdef int me = self.me, size = self.size, peer, behind
+        cdef int gathers = root < 0 or root == me
+        # The own share can be read in place from addr (not published) when that
+        # keeps rank order: rank 0's data comes first, and with two ranks the
+        # other's is the only row.
+        cdef int share_in_place = me == 0 or size == 2
+        # Where to pick up: 0 publish, 1 reduce, 2 gather. A rank that does not
+        # gather waits for a share step only before publishing the next chunk.
+        cdef Py_ssize_t stage = 0 if resume < 0 else 1 + resume % 2
+        cdef int share_reached = 0
+        if resume >= 0 and resume % 2 == 1 and not gathers:
+            c, stage, share_reached = resume // 2 + 1, 0, 1
+        cdef char *mine
+        cdef char *first
+        cdef char *rows
+        cdef Py_ssize_t row_stride
+        while c < chunks:
+            start = c * per
+            n = per if count - start > per else count - start
+            lo = me * n // size
+            hi = (me + 1) * n // size
+            publish = <uint32_t>(base + 2 * c + 1)
+            share = publish + 1
+            mine = addr + start * itemsize
+            if stage == 0:
+                if c > 0 and not gathers and not share_reached:
+                    # We skipped waiting for the last share step; the buffer we
+                    # are about to write is free once every rank has reached it.
+                    behind = _wait_ranks(self.lines, 0, size, me, publish - 1,
+                                         self.spin_ns, self.yield_ns, self.slice_ns)
+                    if behind >= 0:
+                        return 2 * c - 1
+                if share_in_place:
+                    memcpy(self.slot(publish, me), mine, lo * itemsize)
+                    memcpy(self.slot(publish, me) + hi * itemsize, mine + hi * itemsize, (n - hi) * itemsize)
+                else:
+                    memcpy(self.slot(publish, me), mine, n * itemsize)
+                _post(self.lines, me, publish, desc)
+                stage, share_reached = 1, 0
+                behind = _wait_ranks(self.lines, 0, size, me, publish,
+                                     self.spin_ns, self.yield_ns, self.slice_ns)
+                if behind >= 0:
+                    return 2 * c
+            if stage == 1:
+                if c == 0 and _first_mismatch(self.lines, 0, size, publish, desc) >= 0:
+                    return _MISMATCH
+                row_stride = self.chunk_bytes // itemsize
+                if me == 0:
+                    first, rows = mine + lo * itemsize, self.slot(publish, 1) + lo * itemsize
+                elif share_in_place:  # two ranks, we are rank 1
+                    first, rows = self.slot(publish, 0) + lo * itemsize, mine + lo * itemsize
+                else:
+                    first, rows = self.slot(publish, 0) + lo * itemsize, self.slot(publish, 1) + lo * itemsize
+                kernel(self.slot(share, me) + lo * itemsize, first, rows, size - 1, row_stride, hi - lo, op, scale)
+                _post(self.lines, me, share, desc)
+                if not gathers:
+                    stage = 0
+                    c += 1
+                    continue
+                stage = 2
+                behind = _wait_ranks(self.lines, 0, size, me, share,
+                                     self.spin_ns, self.yield_ns, self.slice_ns)
+                if behind >= 0:
+                    return 2 * c + 1
+            # stage 2: gather every share of this chunk
+            for peer in range(size):
+                plo = peer * n // size
+                phi = (peer + 1) * n // size
+                memcpy(mine + plo * itemsize, self.slot(share, peer) + plo * itemsize, (phi - plo) * itemsize)
+            stage = 0
+            c += 1
+        return _DONE
+
+    def reduce_scatter(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t block_count, int itemsize,
+                       uintptr_t out, uintptr_t kernel, int64_t op, double scale, Py_ssize_t resume):
+        """Reduce block r of the L blocks of ``block_count`` elements at ``addr`` into rank r's ``out``.
+
+        Step base + c + 1 publishes piece c of every block (L pieces side by
+        side in our slot); we then reduce piece c of our block from every slot,
+        in rank order, into scratch and copy it out (scratch, not ``out``
+        directly: ``out`` may overlap input pieces of later steps).
+        Wait position c waits for step base + c + 1; ``resume`` as in ``chunked``.
+        """
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._reduce_scatter(base, desc, <char *>addr, block_count, itemsize, <char *>out,
+                                          <kernel_t>kernel, op, scale, resume)
+        return status
+
+    cdef Py_ssize_t _reduce_scatter(self, uint32_t base, uint64_t desc, char *addr, Py_ssize_t block_count,
+                                    int itemsize, char *out, kernel_t kernel, int64_t op, double scale,
+                                    Py_ssize_t resume) noexcept nogil:
+        cdef Py_ssize_t piece = self.chunk_bytes // (self.size * itemsize)
+        cdef Py_ssize_t c = 0 if resume < 0 else resume
+        cdef Py_ssize_t start, n, k
+        cdef uint32_t step
+        cdef int me = self.me, size = self.size
+        cdef char *slot
+        while c * piece < block_count:
+            start = c * piece
+            n = piece if block_count - start > piece else block_count - start
+            step = <uint32_t>(base + c + 1)
+            if resume != c:
+                slot = self.slot(step, me)
+                for k in range(size):
+                    memcpy(slot + k * n * itemsize, addr + (k * block_count + start) * itemsize, n * itemsize)
+                _post(self.lines, me, step, desc)
+                if _wait_ranks(self.lines, 0, size, me, step, self.spin_ns, self.yield_ns, self.slice_ns) >= 0:
+                    return c
+            if c == 0 and _first_mismatch(self.lines, 0, size, step, desc) >= 0:
+                return _MISMATCH
+            kernel(<void *>self.scratch, self.slot(step, 0) + me * n * itemsize,
+                   self.slot(step, 1) + me * n * itemsize, size - 1, self.chunk_bytes // itemsize, n, op, scale)
+            memcpy(out + start * itemsize, <void *>self.scratch, n * itemsize)
+            c += 1
+        return _DONE
