@@ -1,0 +1,140 @@
+"""The C schedules of shmcoll._reduce, with threads as ranks over one arena in this process.
+
+The schedules release the GIL, so threads run them concurrently. With a wait
+slice of one microsecond almost every wait expires and hands control back to
+Python, which must resume the schedule at the right point: the resume paths
+that real jobs reach only when a peer stalls for 100 ms are taken here
+thousands of times. Results are compared with a float64 NumPy reference
+(bitwise for integer dtypes), and every rank must agree bitwise.
+"""
+import threading
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from shmcoll import _segment, arena as arena_module, kernels
+from shmcoll.algorithms import allreduce, reduce_scatter
+
+CHUNK = 4096
+
+
+def _arenas(size: int, monkeypatch):
+    """``size`` Arena handles (one per thread-rank) over one fresh segment, with 1 us wait slices."""
+    monkeypatch.setattr(arena_module, "_SLICE_NS", 1000)
+    layout = arena_module.layout(size, CHUNK, 1024)
+    segment = _segment.create_unnamed("/dev/shm", layout.total)
+    segment.release_fd()
+    arena_module._init_header(segment, size, CHUNK)
+    handles = [arena_module.Arena(segment, r, size, CHUNK, 1024, timedelta(seconds=30), 0, 0, list(range(size)))
+               for r in range(size)]
+    for handle in handles:
+        handle._record_pid()
+    return segment, handles
+
+
+def _run_ranks(size: int, body):
+    errors = []
+
+    def run(rank):
+        try:
+            body(rank)
+        except BaseException as error:  # reported below
+            errors.append((rank, error))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a schedule hung"
+    assert not errors, errors
+
+
+def _inputs(size, count, dtype, seed):
+    rng = np.random.default_rng(seed)
+    if np.issubdtype(dtype, np.integer):
+        return [rng.integers(-50, 50, count).astype(dtype) for _ in range(size)]
+    return [rng.standard_normal(count).astype(dtype) for _ in range(size)]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+@pytest.mark.parametrize("root", [None, 0, 1])
+def test_chunked_all_reduce_and_reduce_resume_anywhere(size, dtype, root, monkeypatch):
+    segment, handles = _arenas(size, monkeypatch)
+    itemsize = np.dtype(dtype).itemsize
+    entry = kernels.entry_point(np.dtype(dtype).name)
+    # 0 and 1 element shares, odd counts, several chunks, and a count not divisible by the ranks.
+    counts = [1, 2, 7, CHUNK // itemsize, 3 * CHUNK // itemsize + 5, 10 * CHUNK // itemsize - 1]
+    inputs = {c: _inputs(size, c, dtype, c) for c in counts}
+    outputs = {c: [x.copy() for x in inputs[c]] for c in counts}
+
+    def body(rank):
+        for c in counts:  # several collectives in a row: steps carry over
+            buf = outputs[c][rank]
+            allreduce.reduce_scatter_allgather(handles[rank], buf.ctypes.data, c, itemsize, entry, kernels.SUM,
+                                               1.0, 1234, root=root)
+
+    _run_ranks(size, body)
+    for c in counts:
+        expected = np.sum(np.stack(inputs[c]).astype(np.float64), axis=0)
+        gatherers = range(size) if root is None else [root]
+        for r in range(size):
+            if r in gatherers:
+                np.testing.assert_allclose(outputs[c][r], expected, rtol=1e-5, atol=1e-5)
+                assert outputs[c][r].tobytes() == outputs[c][gatherers[0]].tobytes()
+            else:
+                assert np.array_equal(outputs[c][r], inputs[c][r]), "a non-root's input changed"
+    del handles
+    segment.close()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_one_shot_and_reduce_scatter_resume(size, monkeypatch):
+    segment, handles = _arenas(size, monkeypatch)
+    entry = kernels.entry_point("float32")
+    block = 3 * CHUNK // (4 * size) + 1  # several steps of pieces, the last one short
+    small = _inputs(size, 5, np.float32, 1)
+    scattered = _inputs(size, block * size, np.float32, 2)
+    small_out = [x.copy() for x in small]
+    scatter_out = [np.zeros(block, np.float32) for _ in range(size)]
+
+    def body(rank):
+        for _ in range(20):
+            small_out[rank][:] = small[rank]
+            allreduce.one_shot(handles[rank], small_out[rank].ctypes.data, 5, 4, entry, kernels.SUM, 1.0, 99)
+        reduce_scatter.reduce_scatter(handles[rank], scattered[rank].ctypes.data, block, 4, entry, kernels.MAX,
+                                      1.0, scatter_out[rank].ctypes.data, 77)
+
+    _run_ranks(size, body)
+    expected_small = np.sum(np.stack(small).astype(np.float64), axis=0)
+    expected_scatter = np.max(np.stack(scattered), axis=0).reshape(size, block)
+    for r in range(size):
+        np.testing.assert_allclose(small_out[r], expected_small, rtol=1e-5)
+        assert small_out[r].tobytes() == small_out[0].tobytes()
+        assert np.array_equal(scatter_out[r], expected_scatter[r])
+    del handles
+    segment.close()
+
+
+def test_mismatch_is_raised_after_a_resume(monkeypatch):
+    """Two thread-ranks run different collectives: both raise, naming the other's."""
+    from shmcoll.errors import CollectiveError
+
+    segment, handles = _arenas(2, monkeypatch)
+    entry = kernels.entry_point("float32")
+    data = [np.ones(4 * CHUNK, np.float32) for _ in range(2)]
+    raised = []
+
+    def body(rank):
+        try:
+            allreduce.reduce_scatter_allgather(handles[rank], data[rank].ctypes.data, 4 * CHUNK, 4, entry,
+                                               kernels.SUM, 1.0, 1000 + rank)
+        except CollectiveError as error:
+            raised.append(str(error))
+
+    _run_ranks(2, body)
+    assert len(raised) == 2 and all("mismatched collectives" in text for text in raised), raised
+    del handles
+    segment.close()
