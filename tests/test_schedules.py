@@ -138,3 +138,19 @@ def test_mismatch_is_raised_after_a_resume(monkeypatch):
     assert len(raised) == 2 and all("mismatched collectives" in text for text in raised), raised
     del handles
     segment.close()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_allgather_resume(size, monkeypatch):
+    from shmcoll.algorithms import allgather
+
+    segment, handles = _arenas(size, monkeypatch)
+    for nbytes in (1, 7, CHUNK, 3 * CHUNK + 5):
+        inputs = [np.random.default_rng(nbytes + r).integers(0, 255, nbytes, dtype=np.uint8) for r in range(size)]
+        outputs = [np.zeros(size * nbytes, np.uint8) for _ in range(size)]
+        _run_ranks(size, lambda rank: allgather.allgather(handles[rank], inputs[rank].ctypes.data, nbytes,
+                                                          (outputs[rank].ctypes.data, nbytes), 55))
+        for r in range(size):
+            assert np.array_equal(outputs[r], np.concatenate(inputs))
+    del handles
+    segment.close()

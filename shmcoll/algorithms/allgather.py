@@ -1,9 +1,17 @@
-"""All-gather: each step every rank publishes up to one slot of its input and copies all slots out."""
-from shmcoll._copy import copy, copy_strided
+"""All-gather: each step every rank publishes up to one slot of its input and copies all slots out.
+
+A contiguous output (base, stride) runs whole in ``shmcoll._reduce`` (see
+algorithms/allreduce.py); a list of separate outputs steps through Python.
+"""
+from shmcoll._copy import copy
+from shmcoll._reduce import DONE
+from shmcoll.algorithms.allreduce import settle
 
 
 def allgather(arena, addr: int, nbytes: int, outputs, desc: int) -> None:
     """``outputs``: one address per local rank, or (base, stride) for a contiguous output."""
+    if isinstance(outputs, tuple):
+        return _allgather_strided(arena, addr, nbytes, *outputs, desc)
     me, size, chunk = arena.local_rank, arena.local_size, arena.chunk_bytes
     start = 0
     while True:
@@ -15,12 +23,21 @@ def allgather(arena, addr: int, nbytes: int, outputs, desc: int) -> None:
         arena.wait_all(step)
         if start == 0:
             arena.check_same_collective(step, desc)
-        if isinstance(outputs, tuple):
-            base, stride = outputs
-            copy_strided(base + start, stride, arena.slot(buf, 0), chunk, n, size)
-        else:
-            for peer in range(size):
-                copy(outputs[peer] + start, arena.slot(buf, peer), n)
+        for peer in range(size):
+            copy(outputs[peer] + start, arena.slot(buf, peer), n)
         start += n
         if start >= nbytes:
             return
+
+
+def _allgather_strided(arena, addr: int, nbytes: int, out: int, stride: int, desc: int) -> None:
+    base = arena.begin_write() - 1
+    steps = -(-nbytes // arena.chunk_bytes)
+    schedule = arena.schedule
+    status = schedule.allgather(base & 0xFFFFFFFF, desc, addr, nbytes, out, stride, -1)
+    while status != DONE:
+        step = base + 1 if status < 0 else base + status + 1  # position c waits for step base + c + 1
+        arena.step = step
+        settle(arena, status, step, desc)
+        status = schedule.allgather(base & 0xFFFFFFFF, desc, addr, nbytes, out, stride, status)
+    arena.step = arena.all_reached = base + steps
