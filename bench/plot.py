@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Plot a sweep JSON file::
+"""Plot sweep results (PNG, or any format matplotlib writes from the extension)::
 
-    python bench/plot.py results/sweep-2ranks.json results/sweep-2ranks.png [--busbw]
+    python bench/plot.py results/sweep-2ranks.json results/sweep-2ranks.png
+    python bench/plot.py results/sweep-2ranks.json results/mpi-2ranks.json results/sweep-2ranks.png
 
-The code lives in shmcoll/sweep_plot.py (shipped with the package, like the sweep, so that
-``python -m shmcoll bench`` can draw its plot); ``--help`` lists the options.
+Every file but the last is a JSON document of bench/sweep.py or bench/mpi_sweep.py; they are
+merged (rows matched by op, dtype and bytes) so shm, gloo and MPI share one figure.  The code
+lives in shmcoll/sweep_plot.py, which ``python -m shmcoll bench`` uses too; ``--help`` lists
+the options.
 """
 import runpy
 
