@@ -36,7 +36,8 @@ from typing import NamedTuple
 import numpy as np
 
 from shmcoll import _segment, _sync
-from shmcoll.errors import CollectiveError, PeerDiedError, PeerTimeoutError, ShmcollError
+from shmcoll.errors import (AttachError, CollectiveError, PeerAttachError, PeerDiedError, PeerTimeoutError,
+                            ShmcollError)
 
 MAGIC = 0x314C4C4F434D4853  # "SHMCOLL1" little-endian
 HEADER_BYTES = 256
@@ -261,8 +262,11 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
     it publishes its error so that the others raise it too instead of waiting.
     """
     size = layout(local_size, settings.chunk_bytes, settings.p2p_bytes).total
+    me = ranks[local_rank]
     if local_rank == 0:
         try:
+            if me in settings.test_fail_attach:
+                raise OSError(errno.EACCES, f"SHMCOLL_TEST_FAIL_ATTACH (test-only) names rank {me}")
             segment = _create_unique(settings.shm_dir, size, local_size)
         except Exception as error:
             store.set(key, _ERROR + f"{type(error).__name__}: {error}")
@@ -275,6 +279,7 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
         named = segment.fd < 0
         try:
             _init_header(segment, local_size, settings.chunk_bytes)
+            store.set(f"{key}/pidns", _pid_namespace())
             store.set(key, segment.path if not named else os.path.basename(segment.path))
             if local_size > 1:
                 store.wait([f"{key}/mapped"], timeout)
@@ -284,24 +289,18 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
             segment.release_fd()
         store.set(f"{key}/unlinked", "1")
         if store.check([f"{key}/failed"]):
-            raise ShmcollError(f"could not set up the shm arena: {store.get(f'{key}/failed').decode()}")
+            raise PeerAttachError(f"could not set up the shm arena: {store.get(f'{key}/failed').decode()}")
     else:
         store.wait([key], timeout)
         name = store.get(key).decode()
         try:
             if name.startswith(_ERROR):
                 raise OSError(f"rank {ranks[0]} could not create the shm arena: {name[len(_ERROR):]}")
-            if name.startswith("/proc/"):
-                try:
-                    segment = _segment.attach(name, size, follow=True)
-                except FileNotFoundError:
-                    raise PeerDiedError(f"rank {ranks[0]} (which created the shm arena) exited before rank "
-                                        f"{ranks[local_rank]} could map it") from None
-            else:
-                segment = _segment.attach(os.path.join(settings.shm_dir, name), size)
+            segment = _map_created(name, size, settings, ranks, local_rank, store.get(f"{key}/pidns").decode())
         except Exception as error:
             if not name.startswith(_ERROR):  # tell the creator, which is waiting for us
-                store.set(f"{key}/failed", f"rank {ranks[local_rank]} could not map it: {error}")
+                store.set(f"{key}/failed", str(error) if isinstance(error, ShmcollError)
+                          else f"rank {me} could not map it: {error}")
             raise
         finally:
             if store.add(f"{key}/count", 1) == local_size - 1:
@@ -314,6 +313,43 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
 
 
 _ERROR = "error:"
+
+
+def _map_created(name: str, size: int, settings, ranks: list[int], local_rank: int, creator_pidns: str):
+    """Map the segment that local rank 0 published as ``name``.
+
+    Raises AttachError where this rank cannot reach it while the creator is fine
+    (the group then runs this rank as a node of its own), PeerDiedError where the
+    creator is gone.
+    """
+    me, creator = ranks[local_rank], ranks[0]
+    if me in settings.test_fail_attach:
+        raise AttachError(f"rank {me} could not map the shm arena of rank {creator}: "
+                          f"SHMCOLL_TEST_FAIL_ATTACH (test-only fault injection) names rank {me}")
+    ours = _pid_namespace()
+    if ours != creator_pidns:
+        # /proc/PID/fd/N names another process there, and the liveness checks of every
+        # wait (pids in the control lines) would look at the wrong processes.
+        raise AttachError(f"rank {me} could not map the shm arena of rank {creator}: they are in different "
+                          f"PID namespaces ({ours} vs {creator_pidns}), so its /proc/PID/fd is out of reach")
+    try:
+        if name.startswith("/proc/"):
+            try:
+                return _segment.attach(name, size, follow=True)
+            except FileNotFoundError:
+                raise PeerDiedError(f"rank {creator} (which created the shm arena) exited before rank "
+                                    f"{me} could map it") from None
+        return _segment.attach(os.path.join(settings.shm_dir, name), size)
+    except OSError as error:
+        raise AttachError(f"rank {me} could not map the shm arena of rank {creator}: {error}") from error
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace ('pid:[4026531836]'); ranks of one arena must share it."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "unknown"
 
 
 def _create_unique(directory: str, size: int, local_size: int):

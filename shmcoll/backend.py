@@ -24,9 +24,9 @@ from shmcoll.algorithms import broadcast as _broadcast
 from shmcoll.algorithms import gather as _gather
 from shmcoll.algorithms import reduce_scatter as _reduce_scatter
 from shmcoll.algorithms import scatter as _scatter
-from shmcoll.arena import open_arena
 from shmcoll.errors import ShmcollError
 from shmcoll.hierarchy import Hierarchy
+from shmcoll.node_arena import open_node_arena
 from shmcoll.p2p import PointToPoint, Recv, Send
 from shmcoll.staging import staged as _staged
 from shmcoll.staging import staged_empty as _staged_empty
@@ -120,16 +120,16 @@ class ProcessGroupShm(dist.ProcessGroup):
         incarnation = (store.add("shmcoll/incarnation", 1) - 1) // size
         keys = f"shmcoll/{incarnation}"
         topo = topology.discover(store, rank, size, topology.host_identity(self._settings.hostid), keys)
+        # A rank that cannot map its node's arena becomes a node of its own (even in a one-node job).
+        topo, arena = open_node_arena(store, rank, size, topo, self._settings, timeout,
+                                      lambda local_size: _wait_policy(self._settings, local_size), keys)
+        if arena is not None:
+            arena._describe = self._describe_current
         if topo.single_node:
-            spin_ns, yield_ns = _wait_policy(self._settings, size)
-            self._arena = open_arena(store, rank, size, list(range(size)), self._settings, timeout,
-                                     spin_ns, yield_ns, key=f"{keys}/arena")
-            self._arena._describe = self._describe_current
+            self._arena = arena
             self._p2p = PointToPoint(self._arena, f"rank{rank}")
         else:
-            spin_ns, yield_ns = _wait_policy(self._settings, len(topo.local_ranks))
-            self._hierarchy = Hierarchy(store, rank, size, timeout, self._settings, topo, keys, spin_ns, yield_ns,
-                                        self._describe_current)
+            self._hierarchy = Hierarchy(store, rank, size, timeout, topo, arena, keys)
             self._gloo = self._hierarchy.flat
 
     # -- torch.distributed hooks ---------------------------------------------

@@ -23,7 +23,6 @@ from shmcoll.algorithms import barrier as _barrier
 from shmcoll.algorithms import broadcast as _broadcast
 from shmcoll.algorithms import allreduce as _allreduce
 from shmcoll.algorithms import reduce_scatter as _reduce_scatter
-from shmcoll.arena import open_arena
 from shmcoll.staging import staged, staged_empty, unstage
 
 R = dist.ReduceOp.RedOpType
@@ -41,8 +40,8 @@ def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:
 class Hierarchy:
     """This rank's node arena, its rail and the flat group, with one method per hierarchical plan."""
 
-    def __init__(self, store, rank: int, size: int, timeout, settings, topo, keys: str, spin_ns: int,
-                 yield_ns: int, describe):
+    def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str):
+        """``arena``: this rank's node arena (open_node_arena), None when its node is itself alone."""
         self.rank, self.size = rank, size
         self.nodes = topo.nodes
         self.node = topo.node
@@ -52,11 +51,7 @@ class Hierarchy:
         self.tcp_bytes = 0  # bytes handed to rail Gloo groups by this rank (for benchmarks)
         # Plans that need every node to hold the same number of ranks.
         self.uniform = len({len(ranks) for ranks in self.nodes}) == 1
-        self.arena = None
-        if self.local_size > 1:
-            self.arena = open_arena(store, self.local_rank, self.local_size, self.local_ranks, settings, timeout,
-                                    spin_ns, yield_ns, key=f"{keys}/arena/{self.node}")
-            self.arena._describe = describe
+        self.arena = arena
         # rail_nodes[i]: the node indices on rail i, in node order (a node's rail rank is its position).
         self.rail_nodes = [[n for n, ranks in enumerate(self.nodes) if len(ranks) > i]
                            for i in range(max(len(ranks) for ranks in self.nodes))]

@@ -57,10 +57,11 @@ class JobResult:
 
 
 def spawn(scenario: str, world_size: int, backend: str = "shm", env: dict | None = None,
-          timeout: float = 300, args: list[str] | None = None, rank_env=None) -> JobResult:
+          timeout: float = 300, args: list[str] | None = None, rank_env=None, rank_prefix=None) -> JobResult:
     """Run ``tests.worker scenario`` on ``world_size`` local ranks and collect their reports.
 
-    ``rank_env(rank)``, when given, returns extra variables for that rank (e.g. its SHMCOLL_HOSTID).
+    ``rank_env(rank)``, when given, returns extra variables for that rank (e.g. its SHMCOLL_HOSTID);
+    ``rank_prefix(rank)`` a command that runs that rank's interpreter (e.g. ``unshare ...``).
     """
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="shmcoll-test-") as tmp:
@@ -76,7 +77,8 @@ def spawn(scenario: str, world_size: int, backend: str = "shm", env: dict | None
             penv.update(env or {})
             penv.update(rank_env(rank) if rank_env is not None else {})
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")
-            procs.append((subprocess.Popen([sys.executable, "-m", "tests.worker", scenario, *(args or [])],
+            prefix = rank_prefix(rank) if rank_prefix is not None else []
+            procs.append((subprocess.Popen([*prefix, sys.executable, "-m", "tests.worker", scenario, *(args or [])],
                                            env=penv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log))
         deadline = time.monotonic() + timeout
         codes = []
@@ -107,3 +109,4 @@ def assert_job_passes(result: JobResult, min_cases: int = 1) -> None:
     assert not failures, f"{len(failures)} failed case(s):\n" + "\n".join(failures[:40])
     assert all(code == 0 for code in result.returncodes), (result.returncodes, result.outputs)
     assert result.case_count() >= min_cases, f"only {result.case_count()} cases ran"
+

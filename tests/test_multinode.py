@@ -4,9 +4,12 @@ Hierarchical plans (node arena + Gloo rails) and the flat Gloo fallback are
 checked against local references: equal nodes (2 x 2, contiguous and
 interleaved ranks), uneven nodes (1 + 2 + 1), and two torchrun invocations
 with --nnodes 2. A one-node job must create no Gloo group at all.
+
+Also: a rank that cannot map its node's arena runs as a node of its own.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,3 +83,58 @@ def test_torchrun_two_nodes():
     for report in reports:
         assert report["hierarchical"] and report["nodes"] == [[0, 1], [2, 3]], report
     assert shm_entries() - before == set()
+
+
+# -- a rank that cannot map its node's arena -------------------------------------------
+
+def test_rank_that_cannot_map_its_arena_runs_as_a_node_of_its_own():
+    """2 x 2, rank 1 fails to map the arena rank 0 created (test-only hook): nodes [0], [1], [2, 3]."""
+    before = shm_entries()
+    result = spawn("tests.multinode:matrix", 4, env={**SMALL_CHUNKS, "SHMCOLL_TEST_FAIL_ATTACH": "1"}, args=["5003"],
+                   rank_env=_hosts([0, 0, 1, 1]), timeout=90)
+    assert_job_passes(result, min_cases=150)
+    for report in result.reports:
+        assert report["hierarchical"] and report["nodes"] == [[0], [1], [2, 3]], report
+    for rank in (0, 1):  # the rank itself and rank 0 say so
+        assert "rank 1 cannot map the shm arena of its node (ranks 0, 1)" in result.outputs[rank], \
+            result.outputs[rank]
+        assert "SHMCOLL_TEST_FAIL_ATTACH" in result.outputs[rank]
+    assert "cannot map" not in result.outputs[2] + result.outputs[3]
+    assert shm_entries() - before == set()
+
+
+def _pid_namespace_prefix() -> list[str]:
+    """``unshare`` starting a rank in a PID namespace of its own, or skip saying why not."""
+    command = ["unshare", "--pid", "--fork", "--kill-child"]
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare command to start a rank in another PID namespace")
+    probe = subprocess.run([*command, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a PID namespace ({' '.join(command)}): {probe.stderr.strip()}")
+    return command
+
+
+def test_one_node_job_with_a_rank_in_another_pid_namespace():
+    """One host, 3 ranks, rank 2 in its own PID namespace, so the creator's /proc/PID/fd is not its own:
+    it runs as a node of its own, and the one-node job becomes a two-node one (with Gloo groups)."""
+    unshare = _pid_namespace_prefix()
+    before = shm_entries()
+    result = spawn("tests.multinode:matrix", 3, env={**SMALL_CHUNKS, "SHMCOLL_HOSTID": "one-host"}, args=["5003"],
+                   rank_prefix=lambda rank: unshare if rank == 2 else [], timeout=90)
+    assert_job_passes(result, min_cases=140)
+    for report in result.reports:
+        assert report["hierarchical"] and report["flat_gloo"] and report["nodes"] == [[0, 1], [2]], report
+    assert "rank 2 cannot map the shm arena of its node (ranks 0, 1, 2)" in result.outputs[2], result.outputs[2]
+    assert "PID namespaces" in result.outputs[2]
+    assert shm_entries() - before == set()
+
+
+def test_arena_that_cannot_be_created_fails_on_every_rank_of_every_node():
+    """Rank 2 cannot create node [2, 3]'s arena: every rank raises naming it, none waits for Gloo."""
+    result = spawn("tests.multinode:layout_only", 4, env={"SHMCOLL_TEST_FAIL_ATTACH": "2"},
+                   rank_env=_hosts([0, 0, 1, 1]), timeout=60)
+    for rank in range(4):
+        output = result.outputs[rank]
+        assert result.returncodes[rank] != 0 and result.reports[rank] is None, output
+        assert "cannot set up the shm group: rank 2 (node of ranks 2, 3)" in output, output
+        assert "SHMCOLL_TEST_FAIL_ATTACH" in output, output
