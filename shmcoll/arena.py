@@ -36,13 +36,14 @@ from typing import NamedTuple
 import numpy as np
 
 from shmcoll import _segment, _sync
-from shmcoll.errors import (AttachError, CollectiveError, PeerAttachError, PeerDiedError, PeerTimeoutError,
-                            ShmcollError)
+from shmcoll.errors import (AttachError, CollectiveError, InterNodeError, PeerAttachError, PeerDiedError,
+                            PeerTimeoutError, ShmcollError)
 
 MAGIC = 0x314C4C4F434D4853  # "SHMCOLL1" little-endian
 HEADER_BYTES = 256
 LINE_BYTES = _sync.LINE_BYTES
 PID_OFFSET = 48  # int32 in each control line, after the step word and descriptors
+ABANDONED_WORD = 3  # uint64 of the header: 1 + the group rank that gave up mid-collective, else 0
 PAGE = 4096
 NAME_PREFIX = "shmcoll-"
 
@@ -102,6 +103,7 @@ class Arena:
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
         self._one_shot: dict = {}
         self._line_words = self._raw[HEADER_BYTES:HEADER_BYTES + local_size * LINE_BYTES].view(np.int32)
+        self._header = self._raw[:HEADER_BYTES].view(np.uint64)
         self._describe = None  # set by the caller: step -> text naming the collective
 
     # -- layout --------------------------------------------------------------
@@ -187,7 +189,7 @@ class Arena:
             )
 
     def _wait_slow(self, local_ranks, step: int) -> None:
-        """Keep waiting in slices, checking the deadline and whether peers are alive."""
+        """Keep waiting in slices, checking the deadline, whether peers are alive and whether one gave up."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             behind = [r for r in local_ranks if r != self.local_rank
@@ -201,6 +203,12 @@ class Arena:
                     f"rank(s) {_names(self.ranks, dead)} died (process exited) before reaching {what}; "
                     f"rank {self.ranks[self.local_rank]} was waiting for them"
                 )
+            gave_up = int(self._header[ABANDONED_WORD])
+            if gave_up:
+                raise InterNodeError(
+                    f"rank {gave_up - 1} gave up on {what} after an error (see its message), so its node's "
+                    f"shared-memory steps cannot complete; rank {self.ranks[self.local_rank]} was waiting for it"
+                )
             if time.monotonic() >= deadline:
                 arrived = [r for r in range(self.local_size) if r not in behind]
                 raise PeerTimeoutError(
@@ -209,6 +217,15 @@ class Arena:
                 )
             _sync.wait_ranks(self.lines, min(behind), max(behind) + 1, self.local_rank, step & 0xFFFFFFFF,
                              0, 0, _SLICE_NS)
+
+    def abandon(self) -> None:
+        """Tell the local ranks that this one gives up mid-collective (its next steps will never come).
+
+        Their waits check it once per slice, so they raise within a fraction of a
+        second instead of waiting out the timeout for a rank that is alive.
+        """
+        if self._header is not None:
+            self._header[ABANDONED_WORD] = self.ranks[self.local_rank] + 1
 
     def pid(self, local_rank: int) -> int:
         """Process id that ``local_rank`` recorded in its control line."""
@@ -221,7 +238,7 @@ class Arena:
         """Drop this rank's mapping (views first, so the unmap happens now)."""
         self._views.clear()
         self._one_shot.clear()
-        self._raw = self._line_words = None
+        self._raw = self._line_words = self._header = None
         self.segment.close()
 
 

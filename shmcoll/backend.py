@@ -244,12 +244,19 @@ class ProcessGroupShm(dist.ProcessGroup):
         """A collective on empty tensors is still one: take part (no data), so that a rank
         calling it with data is not left waiting and disagreements on the count are caught."""
         if self._arena is None:  # several nodes: nothing to move, nothing to check
+            self._check_usable()
             return CompletedWork(result)
         return self._launch(desc, lambda: _barrier.barrier(self._arena, self._desc), result, opts)
 
     def _delegate(self, name: str, *args):
         self._engine.drain()  # after every hierarchical collective issued before it
+        self._check_usable()  # a failed hierarchical plan may have left peers anywhere
         return getattr(self._gloo, name)(*args)
+
+    def _check_usable(self) -> None:
+        """Raise what ``_launch`` raises once a collective of this group failed."""
+        if self._error is not None:
+            raise ShmcollError(f"this shm process group is unusable after an earlier error: {self._error}")
 
     def _flat_only(self, name: str) -> bool:
         """Several nodes and no hierarchical plan for ``name`` on them: the flat Gloo group runs it."""

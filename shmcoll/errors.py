@@ -23,3 +23,7 @@ class AttachError(ShmcollError):
 
 class PeerAttachError(ShmcollError):
     """Another local rank could not map the arena that this rank created or mapped."""
+
+
+class InterNodeError(ShmcollError):
+    """A hierarchical plan failed part-way (a Gloo call between nodes, or a local peer that gave up on it)."""

@@ -14,9 +14,9 @@ from tests.scenarios import (R, _data, _equal, check_all_gather_into_tensor, che
                              reference_reduce)
 
 
-def _backend():
-    """This rank's ProcessGroupShm (the default group's CPU backend)."""
-    group = dist.distributed_c10d._get_default_group()
+def _backend(group=None):
+    """This rank's ProcessGroupShm of ``group`` (default: the default group)."""
+    group = group if group is not None else dist.distributed_c10d._get_default_group()
     try:
         return group._get_backend(torch.device("cpu"))
     except RuntimeError:  # torch returned our Python ProcessGroup itself as the default group

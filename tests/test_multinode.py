@@ -5,11 +5,13 @@ checked against local references: equal nodes (2 x 2, contiguous and
 interleaved ranks), uneven nodes (1 + 2 + 1), and two torchrun invocations
 with --nnodes 2. A one-node job must create no Gloo group at all.
 
-Also: a rank that cannot map its node's arena runs as a node of its own.
+Also: a rank that cannot map its node's arena runs as a node of its own; a rank
+of another node dying mid-collective makes the group refuse every later call.
 """
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,6 +19,7 @@ import tempfile
 import pytest
 
 from tests.harness import REPO, JobResult, assert_job_passes, free_port, shm_entries, spawn
+from tests.multinode_faults import GROUP_TIMEOUT_S
 
 # A 4 KiB chunk reaches the multi-chunk paths with small inputs; 5003 elements exceed it.
 SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
@@ -138,3 +141,29 @@ def test_arena_that_cannot_be_created_fails_on_every_rank_of_every_node():
         assert result.returncodes[rank] != 0 and result.reports[rank] is None, output
         assert "cannot set up the shm group: rank 2 (node of ranks 2, 3)" in output, output
         assert "SHMCOLL_TEST_FAIL_ATTACH" in output, output
+
+
+# -- a rank of another node dies mid-collective ------------------------------------------
+
+@pytest.mark.parametrize("victim, op, first_errors", [
+    # rank 2's arena wait sees 3 dead and closes its rail; rank 0 then loses rail 0, rank 1 rail 1.
+    (3, "all_reduce", {0: "on rail 0 (ranks 0, 2) failed", 1: "on rail 1 (ranks 1, 3) failed", 2: "rank(s) 3 died"}),
+    # rank 0's rail barrier fails; rank 1, waiting in the node barrier for rank 0 (alive), is told at once.
+    (2, "barrier", {0: "Gloo barrier between nodes on rail 0 (ranks 0, 2) failed", 1: "rank 0 gave up",
+                    3: "rank(s) 2 died"}),
+], ids=["all_reduce-rank3-dies", "barrier-rank2-dies"])
+def test_peer_dying_mid_collective_makes_the_group_unusable(victim, op, first_errors):
+    before = shm_entries()
+    result = spawn("tests.multinode_faults:peer_dies", 4, backend="gloo", env=SMALL_CHUNKS, args=[str(victim), op],
+                   rank_env=_hosts([0, 0, 1, 1]), timeout=4 * GROUP_TIMEOUT_S)
+    assert result.returncodes[victim] == -signal.SIGKILL, result.outputs[victim]
+    for rank, expected in first_errors.items():
+        report, output = result.reports[rank], result.outputs[rank]
+        assert result.returncodes[rank] == 0 and report is not None, output
+        failed = {case: error for case, error in report["cases"].items() if error is not None}
+        assert not failed and len(report["cases"]) == 4, failed
+        assert report["layout"]["hierarchical"], report
+        assert expected in report["first_error"], report["first_error"]
+        # Well before the group's timeout: nobody waited for a rank that had given up.
+        assert report["elapsed"] < GROUP_TIMEOUT_S / 3, report
+    assert shm_entries() - before == set()
