@@ -6,7 +6,8 @@ interleaved ranks), uneven nodes (1 + 2 + 1), and two torchrun invocations
 with --nnodes 2. A one-node job must create no Gloo group at all.
 
 Also: a rank that cannot map its node's arena runs as a node of its own; a rank
-of another node dying mid-collective makes the group refuse every later call.
+of another node dying mid-collective makes the group refuse every later call;
+subgroups across nodes and inside one node.
 """
 import json
 import os
@@ -19,6 +20,7 @@ import tempfile
 import pytest
 
 from tests.harness import REPO, JobResult, assert_job_passes, free_port, shm_entries, spawn
+from tests.multinode import SUBGROUPS
 from tests.multinode_faults import GROUP_TIMEOUT_S
 
 # A 4 KiB chunk reaches the multi-chunk paths with small inputs; 5003 elements exceed it.
@@ -166,4 +168,23 @@ def test_peer_dying_mid_collective_makes_the_group_unusable(victim, op, first_er
         assert expected in report["first_error"], report["first_error"]
         # Well before the group's timeout: nobody waited for a rank that had given up.
         assert report["elapsed"] < GROUP_TIMEOUT_S / 3, report
+    assert shm_entries() - before == set()
+
+
+# -- subgroups ------------------------------------------------------------------------------
+
+def test_subgroups_across_and_inside_nodes():
+    before = shm_entries()
+    result = spawn("tests.multinode:subgroups", 4, env=SMALL_CHUNKS, args=["5003"], rank_env=_hosts([0, 0, 1, 1]),
+                   timeout=90)
+    assert_job_passes(result, min_cases=100)
+    expected = {  # group ranks per node; None: one node, shared memory only, no Gloo group
+        "1+2": [[0], [1]], "0+1": None, "2+3": None, "0+1+3": [[0, 1], [2]]}
+    for rank, report in enumerate(result.reports):
+        mine = {"+".join(map(str, members)) for members in SUBGROUPS if rank in members}
+        assert set(report["layouts"]) == mine, report["layouts"]
+        for name in mine:
+            layout, nodes = report["layouts"][name], expected[name]
+            assert layout["nodes"] == nodes, (name, layout)
+            assert layout["hierarchical"] == layout["flat_gloo"] == (nodes is not None), (name, layout)
     assert shm_entries() - before == set()
