@@ -13,6 +13,11 @@ import torch.distributed as dist
 from tests.scenarios import (R, _data, _equal, check_all_gather_into_tensor, check_broadcast, make_input,
                              reference_reduce)
 
+# Environment of the multi-node jobs: a 4 KiB chunk reaches the multi-chunk paths with
+# small inputs; the matrix's 5003 elements exceed it.
+SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
+
+
 def _backend(group=None):
     """This rank's ProcessGroupShm of ``group`` (default: the default group)."""
     group = group if group is not None else dist.distributed_c10d._get_default_group()

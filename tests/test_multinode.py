@@ -9,22 +9,15 @@ Also: a rank that cannot map its node's arena runs as a node of its own; a rank
 of another node dying mid-collective makes the group refuse every later call;
 subgroups across nodes and inside one node.
 """
-import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 
 import pytest
 
-from tests.harness import REPO, JobResult, assert_job_passes, free_port, shm_entries, spawn
-from tests.multinode import SUBGROUPS
+from tests.harness import assert_job_passes, shm_entries, spawn, torchrun_nodes
+from tests.multinode import SMALL_CHUNKS, SUBGROUPS
 from tests.multinode_faults import GROUP_TIMEOUT_S
-
-# A 4 KiB chunk reaches the multi-chunk paths with small inputs; 5003 elements exceed it.
-SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
 
 
 def _hosts(rank_nodes):
@@ -57,35 +50,10 @@ def test_one_node_creates_no_gloo_group():
 def test_torchrun_two_nodes():
     """Two torchrun invocations (--nnodes 2, static rendezvous), each its own SHMCOLL_HOSTID."""
     before = shm_entries()
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="shmcoll-test-") as tmp:
-        procs = []
-        for node in range(2):
-            env = dict(os.environ, **SMALL_CHUNKS, SHMCOLL_HOSTID=f"torchrun-node{node}",
-                       SHMCOLL_TEST_BACKEND="shm", SHMCOLL_TEST_REPORT=os.path.join(tmp, "rank{rank}.json"),
-                       OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            log = open(os.path.join(tmp, f"node{node}.log"), "w+")
-            cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nnodes", "2", "--nproc-per-node",
-                   "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                   "-m", "tests.worker", "tests.multinode:matrix", "5003"]
-            procs.append((subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), log))
-        codes, outputs = [], []
-        for proc, log in procs:
-            try:
-                codes.append(proc.wait(timeout=90))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                codes.append(proc.wait())
-            log.seek(0)
-            outputs.append(log.read())
-            log.close()
-        reports = []
-        for rank in range(4):
-            path = os.path.join(tmp, f"rank{rank}.json")
-            reports.append(json.load(open(path)) if os.path.exists(path) else None)
-    result = JobResult(codes, reports, outputs * 2)
+    result = torchrun_nodes("tests.multinode:matrix", ["5003"], nnodes=2, nproc=2,
+                            node_env=lambda node: {**SMALL_CHUNKS, "SHMCOLL_HOSTID": f"torchrun-node{node}"})
     assert_job_passes(result, min_cases=150)
-    for report in reports:
+    for report in result.reports:
         assert report["hierarchical"] and report["nodes"] == [[0, 1], [2, 3]], report
     assert shm_entries() - before == set()
 
