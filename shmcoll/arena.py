@@ -277,6 +277,8 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
     is no moment at which a SIGKILL could leave it behind. Otherwise it gets a
     random name that is unlinked once everyone mapped it. If the creator fails,
     it publishes its error so that the others raise it too instead of waiting.
+    A rank that cannot map what the creator made raises AttachError, and the
+    creator then PeerAttachError (shmcoll.node_arena runs that rank on its own).
     """
     size = layout(local_size, settings.chunk_bytes, settings.p2p_bytes).total
     me = ranks[local_rank]
