@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from typing import NamedTuple
 
-SUBNET = "10.77.0.{}/24"
+ADDRESSES = ("10.77.0.1", "10.77.0.2")  # one /24, a veth end each
 
 
 class NetnsUnavailable(Exception):
@@ -51,15 +51,15 @@ def make_pair() -> NetnsPair:
     if shutil.which("ip") is None:
         raise NetnsUnavailable("the `ip` command (iproute2) is not installed")
     pid = os.getpid()
-    pair = NetnsPair((f"shmcoll-{pid}-0", f"shmcoll-{pid}-1"), (f"shmc{pid}a", f"shmc{pid}b"),
-                     (SUBNET.format(1).split("/")[0], SUBNET.format(2).split("/")[0]))
+    # Interface names have at most 15 characters: "shmc" + a pid (at most 7 digits) + a letter.
+    pair = NetnsPair((f"shmcoll-{pid}-0", f"shmcoll-{pid}-1"), (f"shmc{pid}a", f"shmc{pid}b"), ADDRESSES)
     try:
         for ns in pair.namespaces:
             _run(["ip", "netns", "add", ns])
         _run(["ip", "link", "add", pair.interfaces[0], "netns", pair.namespaces[0], "type", "veth",
               "peer", "name", pair.interfaces[1], "netns", pair.namespaces[1]])
-        for node, (ns, interface) in enumerate(zip(pair.namespaces, pair.interfaces)):
-            _run(["ip", "-n", ns, "addr", "add", SUBNET.format(node + 1), "dev", interface])
+        for ns, interface, address in zip(pair.namespaces, pair.interfaces, pair.addresses):
+            _run(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", interface])
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             _run(["ip", "-n", ns, "link", "set", interface, "up"])
     except BaseException:
