@@ -13,6 +13,11 @@ def _bytes(text: str) -> int:
     return int(float(text.rstrip("KMG")) * scale)
 
 
+def _ranks(text: str) -> frozenset:
+    """Parse '1,3' (group ranks)."""
+    return frozenset(int(part) for part in text.split(",") if part.strip())
+
+
 @dataclass(frozen=True)
 class Settings:
     """Effective tuning and placement settings (see README.md, "Environment variables")."""
@@ -24,6 +29,10 @@ class Settings:
     spin_us: float | None = None
     yield_us: float | None = None
     hostid: str | None = None
+    # Test-only fault injection, never set in production: the listed group ranks (of every
+    # shm group the process creates) fail to map their node's arena, as if the creator's
+    # /proc/PID/fd were out of reach; a listed creator fails to create it (see arena.open_arena).
+    test_fail_attach: frozenset = frozenset()
 
 
 _PARSERS = {
@@ -34,6 +43,7 @@ _PARSERS = {
     "spin_us": ("SHMCOLL_SPIN_US", float),
     "yield_us": ("SHMCOLL_YIELD_US", float),
     "hostid": ("SHMCOLL_HOSTID", str),
+    "test_fail_attach": ("SHMCOLL_TEST_FAIL_ATTACH", _ranks),
 }
 
 

@@ -37,12 +37,14 @@ import numpy as np
 
 from shmcoll import _reduce, _segment, _sync
 from shmcoll._logging import log
-from shmcoll.errors import CollectiveError, PeerDiedError, PeerTimeoutError, ShmcollError
+from shmcoll.errors import (AttachError, CollectiveError, InterNodeError, PeerAttachError, PeerDiedError,
+                            PeerTimeoutError, ShmcollError)
 
 MAGIC = 0x314C4C4F434D4853  # "SHMCOLL1" little-endian
 HEADER_BYTES = 256
 LINE_BYTES = _sync.LINE_BYTES
 PID_OFFSET = 48  # int32 in each control line, after the step word and descriptors
+ABANDONED_WORD = 3  # uint64 of the header: 1 + the group rank that gave up mid-collective, else 0
 PAGE = 4096
 NAME_PREFIX = "shmcoll-"
 
@@ -104,6 +106,7 @@ class Arena:
         self._raw = np.frombuffer(segment, dtype=np.uint8)
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
         self._line_words = self._raw[HEADER_BYTES:HEADER_BYTES + local_size * LINE_BYTES].view(np.int32)
+        self._header = self._raw[:HEADER_BYTES].view(np.uint64)
         self._describe = None  # set by the caller: step -> text naming the collective
         # Reductions run whole in C over this arena (shmcoll._reduce).
         self.schedule = _reduce.Schedule(self.lines, local_rank, local_size, self.data, self.scratch,
@@ -180,7 +183,7 @@ class Arena:
             )
 
     def _wait_slow(self, local_ranks, step: int) -> None:
-        """Keep waiting in slices, checking the deadline and whether peers are alive."""
+        """Keep waiting in slices, checking the deadline, whether peers are alive and whether one gave up."""
         start = time.monotonic()
         deadline = start + self.timeout_s
         warn_after = min(_WARN_AFTER_S, self.timeout_s / 3)
@@ -202,6 +205,12 @@ class Arena:
                     f"rank(s) {_names(self.ranks, dead)} died (process exited) before reaching {what}; "
                     f"rank {self.ranks[self.local_rank]} was waiting for them"
                 )
+            gave_up = int(self._header[ABANDONED_WORD])
+            if gave_up:
+                raise InterNodeError(
+                    f"rank {gave_up - 1} gave up on {what} after an error (see its message), so its node's "
+                    f"shared-memory steps cannot complete; rank {self.ranks[self.local_rank]} was waiting for it"
+                )
             if time.monotonic() >= deadline:
                 arrived = [r for r in range(self.local_size) if r not in behind]
                 raise PeerTimeoutError(
@@ -210,6 +219,15 @@ class Arena:
                 )
             _sync.wait_ranks(self.lines, min(behind), max(behind) + 1, self.local_rank, step & 0xFFFFFFFF,
                              0, 0, _SLICE_NS)
+
+    def abandon(self) -> None:
+        """Tell the local ranks that this one gives up mid-collective (its next steps will never come).
+
+        Their waits check it once per slice, so they raise within a fraction of a
+        second instead of waiting out the timeout for a rank that is alive.
+        """
+        if self._header is not None:
+            self._header[ABANDONED_WORD] = self.ranks[self.local_rank] + 1
 
     def pid(self, local_rank: int) -> int:
         """Process id that ``local_rank`` recorded in its control line."""
@@ -221,7 +239,7 @@ class Arena:
     def close(self) -> None:
         """Drop this rank's mapping (views first, so the unmap happens now)."""
         self._views.clear()
-        self._raw = self._line_words = None
+        self._raw = self._line_words = self._header = None
         self.segment.close()
 
 
@@ -260,10 +278,15 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
     is no moment at which a SIGKILL could leave it behind. Otherwise it gets a
     random name that is unlinked once everyone mapped it. If the creator fails,
     it publishes its error so that the others raise it too instead of waiting.
+    A rank that cannot map what the creator made raises AttachError, and the
+    creator then PeerAttachError (shmcoll.node_arena runs that rank on its own).
     """
     size = layout(local_size, settings.chunk_bytes, settings.p2p_bytes).total
+    me = ranks[local_rank]
     if local_rank == 0:
         try:
+            if me in settings.test_fail_attach:
+                raise OSError(errno.EACCES, f"SHMCOLL_TEST_FAIL_ATTACH (test-only) names rank {me}")
             segment = _create_unique(settings.shm_dir, size, local_size)
         except Exception as error:
             store.set(key, _ERROR + f"{type(error).__name__}: {error}")
@@ -276,6 +299,7 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
         named = segment.fd < 0
         try:
             _init_header(segment, local_size, settings.chunk_bytes)
+            store.set(f"{key}/pidns", _pid_namespace())
             store.set(key, segment.path if not named else os.path.basename(segment.path))
             if local_size > 1:
                 store.wait([f"{key}/mapped"], timeout)
@@ -285,24 +309,18 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
             segment.release_fd()
         store.set(f"{key}/unlinked", "1")
         if store.check([f"{key}/failed"]):
-            raise ShmcollError(f"could not set up the shm arena: {store.get(f'{key}/failed').decode()}")
+            raise PeerAttachError(f"could not set up the shm arena: {store.get(f'{key}/failed').decode()}")
     else:
         store.wait([key], timeout)
         name = store.get(key).decode()
         try:
             if name.startswith(_ERROR):
                 raise OSError(f"rank {ranks[0]} could not create the shm arena: {name[len(_ERROR):]}")
-            if name.startswith("/proc/"):
-                try:
-                    segment = _segment.attach(name, size, follow=True)
-                except FileNotFoundError:
-                    raise PeerDiedError(f"rank {ranks[0]} (which created the shm arena) exited before rank "
-                                        f"{ranks[local_rank]} could map it") from None
-            else:
-                segment = _segment.attach(os.path.join(settings.shm_dir, name), size)
+            segment = _map_created(name, size, settings, ranks, local_rank, store.get(f"{key}/pidns").decode())
         except Exception as error:
             if not name.startswith(_ERROR):  # tell the creator, which is waiting for us
-                store.set(f"{key}/failed", f"rank {ranks[local_rank]} could not map it: {error}")
+                store.set(f"{key}/failed", str(error) if isinstance(error, ShmcollError)
+                          else f"rank {me} could not map it: {error}")
             raise
         finally:
             if store.add(f"{key}/count", 1) == local_size - 1:
@@ -315,6 +333,43 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
 
 
 _ERROR = "error:"
+
+
+def _map_created(name: str, size: int, settings, ranks: list[int], local_rank: int, creator_pidns: str):
+    """Map the segment that local rank 0 published as ``name``.
+
+    Raises AttachError where this rank cannot reach it while the creator is fine
+    (the group then runs this rank as a node of its own), PeerDiedError where the
+    creator is gone.
+    """
+    me, creator = ranks[local_rank], ranks[0]
+    if me in settings.test_fail_attach:
+        raise AttachError(f"rank {me} could not map the shm arena of rank {creator}: "
+                          f"SHMCOLL_TEST_FAIL_ATTACH (test-only fault injection) names rank {me}")
+    ours = _pid_namespace()
+    if ours != creator_pidns:
+        # /proc/PID/fd/N names another process there, and the liveness checks of every
+        # wait (pids in the control lines) would look at the wrong processes.
+        raise AttachError(f"rank {me} could not map the shm arena of rank {creator}: they are in different "
+                          f"PID namespaces ({ours} vs {creator_pidns}), so its /proc/PID/fd is out of reach")
+    try:
+        if name.startswith("/proc/"):
+            try:
+                return _segment.attach(name, size, follow=True)
+            except FileNotFoundError:
+                raise PeerDiedError(f"rank {creator} (which created the shm arena) exited before rank "
+                                    f"{me} could map it") from None
+        return _segment.attach(os.path.join(settings.shm_dir, name), size)
+    except OSError as error:
+        raise AttachError(f"rank {me} could not map the shm arena of rank {creator}: {error}") from error
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace ('pid:[4026531836]'); ranks of one arena must share it."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "unknown"
 
 
 def _create_unique(directory: str, size: int, local_size: int):

@@ -28,9 +28,9 @@ from shmcoll.algorithms import broadcast as _broadcast
 from shmcoll.algorithms import gather as _gather
 from shmcoll.algorithms import reduce_scatter as _reduce_scatter
 from shmcoll.algorithms import scatter as _scatter
-from shmcoll.arena import open_arena
 from shmcoll.errors import ShmcollError
 from shmcoll.hierarchy import Hierarchy
+from shmcoll.node_arena import open_node_arena
 from shmcoll.p2p import PointToPoint, Recv, Send
 from shmcoll.staging import staged as _staged
 from shmcoll.staging import staged_empty as _staged_empty
@@ -130,22 +130,22 @@ class ProcessGroupShm(dist.ProcessGroup):
         incarnation = (store.add("shmcoll/incarnation", 1) - 1) // size
         keys = f"shmcoll/{incarnation}"
         topo = topology.discover(store, rank, size, topology.host_identity(self._settings.hostid), keys)
+        # A rank that cannot map its node's arena becomes a node of its own (even in a one-node job).
+        topo, arena = open_node_arena(store, rank, size, topo, self._settings, timeout,
+                                      lambda local_size: _wait_policy(self._settings, local_size), keys)
+        if arena is not None:
+            arena._describe = self._describe_current
         if topo.single_node:
-            spin_ns, yield_ns = _wait_policy(self._settings, size)
-            self._arena = open_arena(store, rank, size, list(range(size)), self._settings, timeout,
-                                     spin_ns, yield_ns, key=f"{keys}/arena")
-            self._arena._describe = self._describe_current
+            self._arena = arena
             self._p2p = PointToPoint(self._arena, f"rank{rank}")
             self._small = {}
         else:
-            spin_ns, yield_ns = _wait_policy(self._settings, len(topo.local_ranks))
-            self._hierarchy = Hierarchy(store, rank, size, timeout, self._settings, topo, keys, spin_ns, yield_ns,
-                                        self._describe_current)
+            self._hierarchy = Hierarchy(store, rank, size, timeout, topo, arena, keys)
             self._gloo = self._hierarchy.flat
         if rank == 0 and _log.isEnabledFor(logging.INFO):
-            _log.info("%s", self._summary(topo, spin_ns, yield_ns))
+            _log.info("%s", self._summary(topo))
 
-    def _summary(self, topo, spin_ns: int, yield_ns: int) -> str:
+    def _summary(self, topo) -> str:
         """What this group will do, in a few lines (logged at INFO on its first rank)."""
         s = self._settings
         arena = self._arena if self._arena is not None else self._hierarchy.arena
@@ -158,6 +158,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         if self._hierarchy is not None:
             lines.append("  across nodes: intra-node reduce-scatter, Gloo rail all_reduce, intra-node all-gather; "
                          "ops without a hierarchical plan run on a flat Gloo group")
+        spin_ns, yield_ns = _wait_policy(s, len(topo.local_ranks))
         lines.append(f"  waits: spin {spin_ns / 1000:g} us, sched_yield {yield_ns / 1000:g} us, then futex sleep "
                      f"({len(os.sched_getaffinity(0))} usable CPUs); timeout {self._timeout.total_seconds():g} s")
         return "\n".join(lines)
@@ -278,12 +279,19 @@ class ProcessGroupShm(dist.ProcessGroup):
         """A collective on empty tensors is still one: take part (no data), so that a rank
         calling it with data is not left waiting and disagreements on the count are caught."""
         if self._arena is None:  # several nodes: nothing to move, nothing to check
+            self._check_usable()
             return CompletedWork(result)
         return self._launch(desc, lambda: _barrier.barrier(self._arena, self._desc), result, opts)
 
     def _delegate(self, name: str, *args):
         self._engine.drain()  # after every hierarchical collective issued before it
+        self._check_usable()  # a failed hierarchical plan may have left peers anywhere
         return getattr(self._gloo, name)(*args)
+
+    def _check_usable(self) -> None:
+        """Raise what ``_launch`` raises once a collective of this group failed."""
+        if self._error is not None:
+            raise ShmcollError(f"this shm process group is unusable after an earlier error: {self._error}")
 
     def _flat_only(self, name: str) -> bool:
         """Several nodes and no hierarchical plan for ``name`` on them: the flat Gloo group runs it."""

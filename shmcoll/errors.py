@@ -15,3 +15,15 @@ class PeerDiedError(ShmcollError):
 
 class PeerTimeoutError(ShmcollError, TimeoutError):
     """Ranks did not reach a collective within the group's timeout."""
+
+
+class AttachError(ShmcollError):
+    """This rank could not map its node's arena, which another local rank created; it can run as a node of its own."""
+
+
+class PeerAttachError(ShmcollError):
+    """Another local rank could not map the arena that this rank created or mapped."""
+
+
+class InterNodeError(ShmcollError):
+    """A hierarchical plan failed part-way (a Gloo call between nodes, or a local peer that gave up on it)."""

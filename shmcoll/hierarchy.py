@@ -10,8 +10,11 @@ Terms (see DESIGN.md, "Across nodes"):
 
 Each plan moves about 1/L of the data across nodes per rank. Every method runs
 inside the backend's ProgressEngine (in issue order) and completes synchronously.
+A plan that fails part-way gives up for good (see ``_gives_up_on_failure``).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
@@ -23,7 +26,7 @@ from shmcoll.algorithms import barrier as _barrier
 from shmcoll.algorithms import broadcast as _broadcast
 from shmcoll.algorithms import allreduce as _allreduce
 from shmcoll.algorithms import reduce_scatter as _reduce_scatter
-from shmcoll.arena import open_arena
+from shmcoll.errors import InterNodeError, ShmcollError
 from shmcoll.staging import staged, staged_empty, unstage
 
 R = dist.ReduceOp.RedOpType
@@ -38,11 +41,34 @@ def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
+def _gives_up_on_failure(plan):
+    """A plan that fails part-way (a Gloo call between nodes, a dead or mismatched local peer)
+    leaves its node's arena and its rail mid-collective: no later step on them can be trusted.
+
+    So it tells the local ranks (the arena's abandoned word) and closes this rank's rail,
+    whose peers on other nodes then fail at once ("connection closed") instead of at the
+    timeout, and raises a ShmcollError, after which the backend refuses every collective.
+    """
+
+    @functools.wraps(plan)
+    def run(self, *args):
+        try:
+            return plan(self, *args)
+        except Exception as error:
+            self._give_up()
+            if isinstance(error, ShmcollError):
+                raise
+            raise InterNodeError(f"rank {self.rank}: {plan.__name__} across nodes failed part-way: "
+                                 f"{type(error).__name__}: {error}") from error
+
+    return run
+
+
 class Hierarchy:
     """This rank's node arena, its rail and the flat group, with one method per hierarchical plan."""
 
-    def __init__(self, store, rank: int, size: int, timeout, settings, topo, keys: str, spin_ns: int,
-                 yield_ns: int, describe):
+    def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str):
+        """``arena``: this rank's node arena (open_node_arena), None when its node is itself alone."""
         self.rank, self.size = rank, size
         self.nodes = topo.nodes
         self.node = topo.node
@@ -52,15 +78,12 @@ class Hierarchy:
         self.tcp_bytes = 0  # bytes handed to rail Gloo groups by this rank (for benchmarks)
         # Plans that need every node to hold the same number of ranks.
         self.uniform = len({len(ranks) for ranks in self.nodes}) == 1
-        self.arena = None
-        if self.local_size > 1:
-            self.arena = open_arena(store, self.local_rank, self.local_size, self.local_ranks, settings, timeout,
-                                    spin_ns, yield_ns, key=f"{keys}/arena/{self.node}")
-            self.arena._describe = describe
+        self.arena = arena
         # rail_nodes[i]: the node indices on rail i, in node order (a node's rail rank is its position).
         self.rail_nodes = [[n for n, ranks in enumerate(self.nodes) if len(ranks) > i]
                            for i in range(max(len(ranks) for ranks in self.nodes))]
         members = self.rail_nodes[self.local_rank]
+        self.rail_ranks = [self.nodes[n][self.local_rank] for n in members]  # for messages
         self.rail = None
         if len(members) > 1:
             self.rail = dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/rail/{self.local_rank}", store),
@@ -80,13 +103,27 @@ class Hierarchy:
             self.arena.close()
             self.arena = None
 
+    def _give_up(self) -> None:
+        if self.arena is not None:
+            self.arena.abandon()
+        self.rail = None  # the last reference: Gloo closes its connections now
+
     # -- pieces --------------------------------------------------------------
+
+    def _over_rail(self, what: str, start) -> None:
+        """Start one Gloo call on our rail and wait for it; a failure names the rail's ranks."""
+        try:
+            start(self.rail).wait()
+        except Exception as error:
+            raise InterNodeError(f"rank {self.rank}: Gloo {what} between nodes on rail {self.local_rank} (ranks "
+                                 f"{', '.join(map(str, self.rail_ranks))}) failed: {type(error).__name__}: "
+                                 f"{error}") from error
 
     def _rail_allreduce(self, tensor: torch.Tensor, redop) -> None:
         opts = dist.AllreduceOptions()
         opts.reduceOp = redop
         self.tcp_bytes += tensor.numel() * tensor.element_size()
-        self.rail.allreduce([tensor], opts).wait()
+        self._over_rail("all_reduce", lambda rail: rail.allreduce([tensor], opts))
 
     def _intra_broadcast(self, buf: torch.Tensor, local_root: int, desc: int) -> None:
         if self.arena is not None and buf.numel():
@@ -101,6 +138,7 @@ class Hierarchy:
 
     # -- plans ---------------------------------------------------------------
 
+    @_gives_up_on_failure
     def allreduce(self, flat: torch.Tensor, op, dtype, kernel, scale: float, desc: int) -> None:
         """Intra-node reduce-scatter, rail all-reduce of our shard, intra-node all-gather.
 
@@ -150,6 +188,7 @@ class Hierarchy:
         self._intra_broadcast(work, 0, desc)
         unstage(flat, work)
 
+    @_gives_up_on_failure
     def broadcast(self, tensor: torch.Tensor, root: int, desc: int) -> None:
         """Root's rail carries the data to every node, then each node broadcasts it locally.
 
@@ -167,11 +206,12 @@ class Hierarchy:
             opts.rootRank = self.rail_nodes[entry].index(root_node)
             data = _bytes_view(work)
             self.tcp_bytes += data.numel() if self.node == root_node else 0
-            self.rail.broadcast([data], opts).wait()
+            self._over_rail("broadcast", lambda rail: rail.broadcast([data], opts))
         if self.node != root_node or entry == root_local:
             self._intra_broadcast(work, entry, desc)
         unstage(tensor, work)
 
+    @_gives_up_on_failure
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
         """Gather the node's inputs locally, all-gather the node blocks over the rail, place in rank order."""
         N, L = len(self.nodes), self.local_size
@@ -184,7 +224,8 @@ class Hierarchy:
         else:
             _allgather.allgather(self.arena, source.data_ptr(), nbytes, (node_block.data_ptr(), nbytes), desc)
         self.tcp_bytes += L * nbytes
-        self.rail._allgather_base(gathered, node_block.clone(), AllgatherOptions()).wait()
+        self._over_rail("all_gather", lambda rail: rail._allgather_base(gathered, node_block.clone(),
+                                                                        AllgatherOptions()))
         target = staged_empty(output)
         out = _bytes_view(target).view(self.size, nbytes)
         blocks = gathered.view(N, L, nbytes)
@@ -192,6 +233,7 @@ class Hierarchy:
             out[torch.tensor(ranks)] = blocks[n]
         unstage(output, target)
 
+    @_gives_up_on_failure
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op, dtype, kernel, scale: float,
                               desc: int) -> None:
         """Local rank l reduces, within the node, the blocks of the ranks on rail l; the rail reduce-scatters them."""
@@ -215,16 +257,17 @@ class Hierarchy:
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = _RAIL_OPS[op.name]
         self.tcp_bytes += partial.numel() * partial.element_size()
-        self.rail._reduce_scatter_base(result, partial, opts).wait()
+        self._over_rail("reduce_scatter", lambda rail: rail._reduce_scatter_base(result, partial, opts))
         if average:
             self._finish_average(result)
         output.copy_(result.view_as(output))
 
+    @_gives_up_on_failure
     def barrier(self, desc: int) -> None:
         """Node barrier, rail 0 barrier among the nodes' first ranks, node barrier."""
         if self.arena is not None:
             _barrier.barrier(self.arena, desc)
         if self.local_rank == 0:
-            self.rail.barrier().wait()
+            self._over_rail("barrier", lambda rail: rail.barrier())
         if self.arena is not None:
             _barrier.barrier(self.arena, desc)

@@ -30,6 +30,19 @@ def host_identity(override: str | None) -> str:
     return f"{socket.gethostname()}:{boot}"
 
 
+def arranged(nodes, rank: int) -> Topology:
+    """The Topology of ``rank`` among ``nodes`` (lists of group ranks), in canonical order."""
+    ordered = sorted((sorted(ranks) for ranks in nodes), key=lambda ranks: ranks[0])
+    return Topology(ordered, next(i for i, ranks in enumerate(ordered) if rank in ranks))
+
+
+def split_off(topo: Topology, rank: int, alone) -> Topology:
+    """``topo`` with every rank of ``alone`` made a node of its own (as seen by ``rank``)."""
+    nodes = [[r] for r in alone]
+    nodes += [rest for rest in ([r for r in ranks if r not in alone] for ranks in topo.nodes) if rest]
+    return arranged(nodes, rank)
+
+
 def discover(store, rank: int, size: int, hostid: str, prefix: str = "shmcoll") -> Topology:
     """Publish our host identity and group ranks by identical identities."""
     store.set(f"{prefix}/host/{rank}", hostid)
@@ -38,5 +51,4 @@ def discover(store, rank: int, size: int, hostid: str, prefix: str = "shmcoll") 
     nodes: dict[str, list[int]] = {}
     for r, ident in enumerate(ids):
         nodes.setdefault(ident, []).append(r)
-    ordered = sorted(nodes.values(), key=lambda ranks: ranks[0])
-    return Topology(ordered, next(i for i, ranks in enumerate(ordered) if rank in ranks))
+    return arranged(nodes.values(), rank)

@@ -57,10 +57,11 @@ class JobResult:
 
 
 def spawn(scenario: str, world_size: int, backend: str = "shm", env: dict | None = None,
-          timeout: float = 300, args: list[str] | None = None, rank_env=None) -> JobResult:
+          timeout: float = 300, args: list[str] | None = None, rank_env=None, rank_prefix=None) -> JobResult:
     """Run ``tests.worker scenario`` on ``world_size`` local ranks and collect their reports.
 
-    ``rank_env(rank)``, when given, returns extra variables for that rank (e.g. its SHMCOLL_HOSTID).
+    ``rank_env(rank)``, when given, returns extra variables for that rank (e.g. its SHMCOLL_HOSTID);
+    ``rank_prefix(rank)`` a command that runs that rank's interpreter (e.g. ``unshare ...``).
     """
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="shmcoll-test-") as tmp:
@@ -76,7 +77,8 @@ def spawn(scenario: str, world_size: int, backend: str = "shm", env: dict | None
             penv.update(env or {})
             penv.update(rank_env(rank) if rank_env is not None else {})
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")
-            procs.append((subprocess.Popen([sys.executable, "-m", "tests.worker", scenario, *(args or [])],
+            prefix = rank_prefix(rank) if rank_prefix is not None else []
+            procs.append((subprocess.Popen([*prefix, sys.executable, "-m", "tests.worker", scenario, *(args or [])],
                                            env=penv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log))
         deadline = time.monotonic() + timeout
         codes = []
@@ -107,3 +109,49 @@ def assert_job_passes(result: JobResult, min_cases: int = 1) -> None:
     assert not failures, f"{len(failures)} failed case(s):\n" + "\n".join(failures[:40])
     assert all(code == 0 for code in result.returncodes), (result.returncodes, result.outputs)
     assert result.case_count() >= min_cases, f"only {result.case_count()} cases ran"
+
+
+def torchrun_nodes(scenario: str, args: list[str], nnodes: int, nproc: int, master_addr: str = "127.0.0.1",
+                   node_env=None, node_prefix=None, timeout: float = 90) -> JobResult:
+    """Run ``tests.worker scenario`` through ``nnodes`` torchrun invocations (--nnodes, static rendezvous).
+
+    ``node_env(node)`` gives that invocation's extra variables (its SHMCOLL_HOSTID, ...),
+    ``node_prefix(node)`` a command to run it under (e.g. ``ip netns exec NS``). Each rank's
+    output in the result is its node's whole log.
+    """
+    port = free_port()
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    with tempfile.TemporaryDirectory(prefix="shmcoll-test-") as tmp:
+        procs = []
+        for node in range(nnodes):
+            env = dict(os.environ, SHMCOLL_TEST_BACKEND="shm", SHMCOLL_TEST_REPORT=os.path.join(tmp, "rank{rank}.json"),
+                       OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            env.update(node_env(node) if node_env is not None else {})
+            prefix = node_prefix(node) if node_prefix is not None else []
+            cmd = [*prefix, torchrun, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--node-rank",
+                   str(node), "--master-addr", master_addr, "--master-port", str(port),
+                   "-m", "tests.worker", scenario, *args]
+            log = open(os.path.join(tmp, f"node{node}.log"), "w+")
+            procs.append((subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), log))
+        deadline = time.monotonic() + timeout
+        codes, outputs = [], []
+        for proc, log in procs:
+            try:
+                codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                proc.terminate()  # torchrun passes SIGTERM on to its workers; SIGKILL would orphan them
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                codes.append(f"stopped after {timeout} s")
+            log.seek(0)
+            outputs.append(log.read())
+            log.close()
+        reports = []
+        for rank in range(nnodes * nproc):
+            path = os.path.join(tmp, f"rank{rank}.json")
+            reports.append(json.load(open(path)) if os.path.exists(path) else None)
+    return JobResult([codes[r // nproc] for r in range(nnodes * nproc)], reports,
+                     [outputs[r // nproc] for r in range(nnodes * nproc)])

@@ -13,10 +13,14 @@ import torch.distributed as dist
 from tests.scenarios import (R, _data, _equal, check_all_gather_into_tensor, check_broadcast, make_input,
                              reference_reduce)
 
+# Environment of the multi-node jobs: a 4 KiB chunk reaches the multi-chunk paths with
+# small inputs; the matrix's 5003 elements exceed it.
+SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
 
-def _backend():
-    """This rank's ProcessGroupShm (the default group's CPU backend)."""
-    group = dist.distributed_c10d._get_default_group()
+
+def _backend(group=None):
+    """This rank's ProcessGroupShm of ``group`` (default: the default group)."""
+    group = group if group is not None else dist.distributed_c10d._get_default_group()
     try:
         return group._get_backend(torch.device("cpu"))
     except RuntimeError:  # torch returned our Python ProcessGroup itself as the default group
@@ -159,3 +163,54 @@ def layout_only(cases):
     dist.all_reduce(t)
     cases.check("all_reduce", torch.equal(t, torch.full((3,), float(dist.get_world_size()))))
     return _layout(pg)
+
+
+# Subgroups of a 2 x 2 job (nodes [0, 1] and [2, 3]): one rank per node, inside one node,
+# and uneven (two ranks of one node, one of the other).
+SUBGROUPS = ([1, 2], [0, 1], [2, 3], [0, 1, 3])
+
+
+def subgroups(cases, big: str = "5003"):
+    """all_reduce, all_gather_into_tensor and broadcast on each of SUBGROUPS, against local references."""
+    rank = dist.get_rank()
+    layouts = {}
+    for members in SUBGROUPS:
+        group = dist.new_group(members)  # every rank takes part in creating every group
+        if rank not in members:
+            continue
+        name = "+".join(map(str, members))
+        layouts[name] = _layout(_backend(group))
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            for count in (0, 1, 7, int(big)):
+                for op_name, op in (("sum", R.SUM), ("max", R.MAX)):
+                    case = f"group {name}/all_reduce/{str(dtype)[6:]}/{op_name}/n={count}"
+
+                    def all_reduce():
+                        tensor = make_input(case, rank, dtype, count, op_name)
+                        dist.all_reduce(tensor, op=op, group=group)
+                        expected = reference_reduce([make_input(case, r, dtype, count, op_name) for r in members],
+                                                    op_name, dtype)
+                        _equal(tensor, expected, "all_reduce")
+
+                    cases.run(case, all_reduce)
+
+                case = f"group {name}/all_gather_into_tensor/{str(dtype)[6:]}/n={count}"
+
+                def all_gather():
+                    out = torch.zeros(len(members) * count, dtype=dtype)
+                    dist.all_gather_into_tensor(out, _data(case, rank, dtype, count), group=group)
+                    _equal(out, torch.cat([_data(case, r, dtype, count) for r in members]), "all_gather_into_tensor")
+
+                cases.run(case, all_gather)
+
+                for root in members:  # global rank, as dist.broadcast takes it
+                    case = f"group {name}/broadcast/{str(dtype)[6:]}/n={count}/root={root}"
+
+                    def broadcast():
+                        expected = _data(case, root, dtype, count)
+                        t = expected.clone() if rank == root else torch.zeros(count, dtype=dtype)
+                        dist.broadcast(t, src=root, group=group)
+                        _equal(t, expected, "broadcast")
+
+                    cases.run(case, broadcast)
+    return {"layouts": layouts}

@@ -4,19 +4,20 @@ Hierarchical plans (node arena + Gloo rails) and the flat Gloo fallback are
 checked against local references: equal nodes (2 x 2, contiguous and
 interleaved ranks), uneven nodes (1 + 2 + 1), and two torchrun invocations
 with --nnodes 2. A one-node job must create no Gloo group at all.
+
+Also: a rank that cannot map its node's arena runs as a node of its own; a rank
+of another node dying mid-collective makes the group refuse every later call;
+subgroups across nodes and inside one node.
 """
-import json
-import os
+import shutil
+import signal
 import subprocess
-import sys
-import tempfile
 
 import pytest
 
-from tests.harness import REPO, JobResult, assert_job_passes, free_port, shm_entries, spawn
-
-# A 4 KiB chunk reaches the multi-chunk paths with small inputs; 5003 elements exceed it.
-SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
+from tests.harness import assert_job_passes, shm_entries, spawn, torchrun_nodes
+from tests.multinode import SMALL_CHUNKS, SUBGROUPS
+from tests.multinode_faults import GROUP_TIMEOUT_S
 
 
 def _hosts(rank_nodes):
@@ -49,34 +50,109 @@ def test_one_node_creates_no_gloo_group():
 def test_torchrun_two_nodes():
     """Two torchrun invocations (--nnodes 2, static rendezvous), each its own SHMCOLL_HOSTID."""
     before = shm_entries()
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="shmcoll-test-") as tmp:
-        procs = []
-        for node in range(2):
-            env = dict(os.environ, **SMALL_CHUNKS, SHMCOLL_HOSTID=f"torchrun-node{node}",
-                       SHMCOLL_TEST_BACKEND="shm", SHMCOLL_TEST_REPORT=os.path.join(tmp, "rank{rank}.json"),
-                       OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            log = open(os.path.join(tmp, f"node{node}.log"), "w+")
-            cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nnodes", "2", "--nproc-per-node",
-                   "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                   "-m", "tests.worker", "tests.multinode:matrix", "5003"]
-            procs.append((subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), log))
-        codes, outputs = [], []
-        for proc, log in procs:
-            try:
-                codes.append(proc.wait(timeout=90))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                codes.append(proc.wait())
-            log.seek(0)
-            outputs.append(log.read())
-            log.close()
-        reports = []
-        for rank in range(4):
-            path = os.path.join(tmp, f"rank{rank}.json")
-            reports.append(json.load(open(path)) if os.path.exists(path) else None)
-    result = JobResult(codes, reports, outputs * 2)
+    result = torchrun_nodes("tests.multinode:matrix", ["5003"], nnodes=2, nproc=2,
+                            node_env=lambda node: {**SMALL_CHUNKS, "SHMCOLL_HOSTID": f"torchrun-node{node}"})
     assert_job_passes(result, min_cases=150)
-    for report in reports:
+    for report in result.reports:
         assert report["hierarchical"] and report["nodes"] == [[0, 1], [2, 3]], report
+    assert shm_entries() - before == set()
+
+
+# -- a rank that cannot map its node's arena -------------------------------------------
+
+def test_rank_that_cannot_map_its_arena_runs_as_a_node_of_its_own():
+    """2 x 2, rank 1 fails to map the arena rank 0 created (test-only hook): nodes [0], [1], [2, 3]."""
+    before = shm_entries()
+    result = spawn("tests.multinode:matrix", 4, env={**SMALL_CHUNKS, "SHMCOLL_TEST_FAIL_ATTACH": "1"}, args=["5003"],
+                   rank_env=_hosts([0, 0, 1, 1]), timeout=90)
+    assert_job_passes(result, min_cases=150)
+    for report in result.reports:
+        assert report["hierarchical"] and report["nodes"] == [[0], [1], [2, 3]], report
+    for rank in (0, 1):  # the rank itself and rank 0 say so
+        assert "rank 1 cannot map the shm arena of its node (ranks 0, 1)" in result.outputs[rank], \
+            result.outputs[rank]
+        assert "SHMCOLL_TEST_FAIL_ATTACH" in result.outputs[rank]
+    assert "cannot map" not in result.outputs[2] + result.outputs[3]
+    assert shm_entries() - before == set()
+
+
+def _pid_namespace_prefix() -> list[str]:
+    """``unshare`` starting a rank in a PID namespace of its own, or skip saying why not."""
+    command = ["unshare", "--pid", "--fork", "--kill-child"]
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare command to start a rank in another PID namespace")
+    probe = subprocess.run([*command, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a PID namespace ({' '.join(command)}): {probe.stderr.strip()}")
+    return command
+
+
+def test_one_node_job_with_a_rank_in_another_pid_namespace():
+    """One host, 3 ranks, rank 2 in its own PID namespace, so the creator's /proc/PID/fd is not its own:
+    it runs as a node of its own, and the one-node job becomes a two-node one (with Gloo groups)."""
+    unshare = _pid_namespace_prefix()
+    before = shm_entries()
+    result = spawn("tests.multinode:matrix", 3, env={**SMALL_CHUNKS, "SHMCOLL_HOSTID": "one-host"}, args=["5003"],
+                   rank_prefix=lambda rank: unshare if rank == 2 else [], timeout=90)
+    assert_job_passes(result, min_cases=140)
+    for report in result.reports:
+        assert report["hierarchical"] and report["flat_gloo"] and report["nodes"] == [[0, 1], [2]], report
+    assert "rank 2 cannot map the shm arena of its node (ranks 0, 1, 2)" in result.outputs[2], result.outputs[2]
+    assert "PID namespaces" in result.outputs[2]
+    assert shm_entries() - before == set()
+
+
+def test_arena_that_cannot_be_created_fails_on_every_rank_of_every_node():
+    """Rank 2 cannot create node [2, 3]'s arena: every rank raises naming it, none waits for Gloo."""
+    result = spawn("tests.multinode:layout_only", 4, env={"SHMCOLL_TEST_FAIL_ATTACH": "2"},
+                   rank_env=_hosts([0, 0, 1, 1]), timeout=60)
+    for rank in range(4):
+        output = result.outputs[rank]
+        assert result.returncodes[rank] != 0 and result.reports[rank] is None, output
+        assert "cannot set up the shm group: rank 2 (node of ranks 2, 3)" in output, output
+        assert "SHMCOLL_TEST_FAIL_ATTACH" in output, output
+
+
+# -- a rank of another node dies mid-collective ------------------------------------------
+
+@pytest.mark.parametrize("victim, op, first_errors", [
+    # rank 2's arena wait sees 3 dead and closes its rail; rank 0 then loses rail 0, rank 1 rail 1.
+    (3, "all_reduce", {0: "on rail 0 (ranks 0, 2) failed", 1: "on rail 1 (ranks 1, 3) failed", 2: "rank(s) 3 died"}),
+    # rank 0's rail barrier fails; rank 1, waiting in the node barrier for rank 0 (alive), is told at once.
+    (2, "barrier", {0: "Gloo barrier between nodes on rail 0 (ranks 0, 2) failed", 1: "rank 0 gave up",
+                    3: "rank(s) 2 died"}),
+], ids=["all_reduce-rank3-dies", "barrier-rank2-dies"])
+def test_peer_dying_mid_collective_makes_the_group_unusable(victim, op, first_errors):
+    before = shm_entries()
+    result = spawn("tests.multinode_faults:peer_dies", 4, backend="gloo", env=SMALL_CHUNKS, args=[str(victim), op],
+                   rank_env=_hosts([0, 0, 1, 1]), timeout=4 * GROUP_TIMEOUT_S)
+    assert result.returncodes[victim] == -signal.SIGKILL, result.outputs[victim]
+    for rank, expected in first_errors.items():
+        report, output = result.reports[rank], result.outputs[rank]
+        assert result.returncodes[rank] == 0 and report is not None, output
+        failed = {case: error for case, error in report["cases"].items() if error is not None}
+        assert not failed and len(report["cases"]) == 4, failed
+        assert report["layout"]["hierarchical"], report
+        assert expected in report["first_error"], report["first_error"]
+        # Well before the group's timeout: nobody waited for a rank that had given up.
+        assert report["elapsed"] < GROUP_TIMEOUT_S / 3, report
+    assert shm_entries() - before == set()
+
+
+# -- subgroups ------------------------------------------------------------------------------
+
+def test_subgroups_across_and_inside_nodes():
+    before = shm_entries()
+    result = spawn("tests.multinode:subgroups", 4, env=SMALL_CHUNKS, args=["5003"], rank_env=_hosts([0, 0, 1, 1]),
+                   timeout=90)
+    assert_job_passes(result, min_cases=100)
+    expected = {  # group ranks per node; None: one node, shared memory only, no Gloo group
+        "1+2": [[0], [1]], "0+1": None, "2+3": None, "0+1+3": [[0, 1], [2]]}
+    for rank, report in enumerate(result.reports):
+        mine = {"+".join(map(str, members)) for members in SUBGROUPS if rank in members}
+        assert set(report["layouts"]) == mine, report["layouts"]
+        for name in mine:
+            layout, nodes = report["layouts"][name], expected[name]
+            assert layout["nodes"] == nodes, (name, layout)
+            assert layout["hierarchical"] == layout["flat_gloo"] == (nodes is not None), (name, layout)
     assert shm_entries() - before == set()

@@ -1,0 +1,76 @@
+"""A rank of another node dies in the middle of a hierarchical collective (tests/test_multinode.py).
+
+The default group is Gloo; the scenario creates an shm group over all ranks with a
+short timeout, checks that it works, lines everyone up, and then the victim kills
+itself (SIGKILL) while the others start ``op``. Each survivor reports its first
+error, how long it took, and what the next collectives on the group raised; the
+survivors then wait for each other (through files), so that no error they saw
+can come from a survivor exiting.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from tests.multinode import _backend, _layout
+from tests.scenarios import _equal
+
+GROUP_TIMEOUT_S = 30.0
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def peer_dies(cases, victim: str, op: str):
+    rank, world, victim = dist.get_rank(), dist.get_world_size(), int(victim)
+    group = dist.new_group(backend="shm", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    layout = _layout(_backend(group))
+    t = torch.ones(5003)
+    dist.all_reduce(t, group=group)
+    _equal(t, torch.full((5003,), float(world)), "all_reduce before the failure")
+    dist.barrier(group=group)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    start = time.monotonic()
+    first = None
+    try:
+        if op == "all_reduce":
+            dist.all_reduce(torch.ones(5003), group=group)
+        else:
+            dist.barrier(group=group)
+    except Exception as error:
+        first = error
+    elapsed = time.monotonic() - start
+    cases.check(f"{op} raised", first is not None, f"{op} returned although rank {victim} died")
+
+    def refused(name, call):
+        try:
+            call()
+        except Exception as error:
+            text = str(error)
+            assert "unusable" in text and str(first) in text, f"{name} raised, but not the unusable error: {text}"
+            return
+        raise AssertionError(f"{name} returned on a group whose {op} failed")
+
+    if first is not None:
+        cases.run("all_reduce refused", refused, "all_reduce", lambda: dist.all_reduce(torch.ones(7), group=group))
+        cases.run("empty all_reduce refused", refused, "empty all_reduce",
+                  lambda: dist.all_reduce(torch.ones(0), group=group))
+        cases.run("all_to_all_single refused (flat Gloo)", refused, "all_to_all_single",
+                  lambda: dist.all_to_all_single(torch.empty(world), torch.ones(world), group=group))
+
+    folder = os.path.dirname(os.environ["SHMCOLL_TEST_REPORT"])
+    survivors = [r for r in range(world) if r != victim]
+    open(os.path.join(folder, f"done-{rank}"), "w").close()
+    deadline = time.monotonic() + 2 * GROUP_TIMEOUT_S
+    while time.monotonic() < deadline and not all(os.path.exists(os.path.join(folder, f"done-{r}"))
+                                                  for r in survivors):
+        time.sleep(0.05)
+    return {"layout": layout, "first_error": None if first is None else _error_text(first), "elapsed": elapsed}
