@@ -116,7 +116,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         self._seq = 0  # collectives started on this group, for messages
         self._desc = 0  # descriptor of the collective in progress
         self._plans: dict = {}  # (reduce op kind, dtype) -> resolved reduction
-        self._small: dict | None = None  # (reduce op kind, dtype) -> small all-reduce plan, on one node
+        self._small: dict | None = None  # (reduce op value, dtype) -> small all-reduce plan, on one node
         self._done = CompletedWork()  # returned by every synchronous small all-reduce
         self._engine = ProgressEngine(f"rank{rank}")
         self._p2p = None
@@ -315,7 +315,8 @@ class ProcessGroupShm(dist.ProcessGroup):
             tensor = tensors[0]
             if (isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.layout is _STRIDED
                     and tensor.is_contiguous()):
-                plan = small.get((opts.reduceOp.op, tensor.dtype))
+                # Keyed on the op's integer value: hashing the pybind enum itself costs a microsecond.
+                plan = small.get((opts.reduceOp.op.value, tensor.dtype))
                 if plan is not None:
                     count = tensor.numel()
                     if 0 < count <= plan[0] and not self._engine.busy():
@@ -349,7 +350,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         itemsize = torch.empty((), dtype=dtype).element_size()
         max_count = min(self._settings.small_bytes, self._arena.chunk_bytes) // itemsize
         desc_base = ops.descriptor(ops.ALLREDUCE, 0, shm_dtype.code, op.code)
-        self._small[(kind, dtype)] = (max_count, desc_base, itemsize, kernel, op.kernel, scale)
+        self._small[(kind.value, dtype)] = (max_count, desc_base, itemsize, kernel, op.kernel, scale)
 
     @_route_devices
     def _allreduce_general(self, tensors, opts=None):
