@@ -20,6 +20,7 @@ and the final loss, which with two ranks is the same on shm and Gloo.
 """
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -144,6 +145,11 @@ def main() -> None:
         "example": "fsdp2", "backend": args.backend, "world_size": world, "threads": threads, "params": params,
         "args": vars(args), **summary, "final_loss": losses[-1], "losses": losses,
     })
+    # As in example_ddp.py: drop the sharded model (it holds the device mesh and so the
+    # process group) while the interpreter is whole; left to interpreter shutdown, Gloo's
+    # group is destroyed there and a rank may abort after the results are out.
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
