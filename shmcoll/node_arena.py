@@ -17,14 +17,12 @@ agreement, the ranks of other nodes waited for the Gloo rendezvous instead.
 """
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
 
 from shmcoll import topology
+from shmcoll._logging import log
 from shmcoll.arena import open_arena
 from shmcoll.errors import AttachError, PeerAttachError, ShmcollError
-
-log = logging.getLogger("shmcoll")
 
 # A rank's outcome of one round, as published in the store.
 _MAPPED = "mapped"  # mapped its node's arena, or its node is itself alone
