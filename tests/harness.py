@@ -111,9 +111,11 @@ def assert_job_passes(result: JobResult, min_cases: int = 1) -> None:
     assert result.case_count() >= min_cases, f"only {result.case_count()} cases ran"
 
 
-def torchrun_nodes(scenario: str, args: list[str], nnodes: int, nproc: int, master_addr: str = "127.0.0.1",
+def torchrun_nodes(scenario: str, args: list[str], nnodes: int, nproc, master_addr: str = "127.0.0.1",
                    node_env=None, node_prefix=None, timeout: float = 90) -> JobResult:
     """Run ``tests.worker scenario`` through ``nnodes`` torchrun invocations (--nnodes, static rendezvous).
+
+    ``nproc``: ranks per node, or a list with each node's count (nodes of different sizes).
 
     ``node_env(node)`` gives that invocation's extra variables (its SHMCOLL_HOSTID, ...),
     ``node_prefix(node)`` a command to run it under (e.g. ``ip netns exec NS``). Each rank's
@@ -122,13 +124,15 @@ def torchrun_nodes(scenario: str, args: list[str], nnodes: int, nproc: int, mast
     port = free_port()
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     with tempfile.TemporaryDirectory(prefix="shmcoll-test-") as tmp:
+        counts = list(nproc) if isinstance(nproc, (list, tuple)) else [nproc] * nnodes
+        node_of_rank = [node for node, count in enumerate(counts) for _ in range(count)]
         procs = []
         for node in range(nnodes):
             env = dict(os.environ, SHMCOLL_TEST_BACKEND="shm", SHMCOLL_TEST_REPORT=os.path.join(tmp, "rank{rank}.json"),
                        OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
             env.update(node_env(node) if node_env is not None else {})
             prefix = node_prefix(node) if node_prefix is not None else []
-            cmd = [*prefix, torchrun, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--node-rank",
+            cmd = [*prefix, torchrun, "--nnodes", str(nnodes), "--nproc-per-node", str(counts[node]), "--node-rank",
                    str(node), "--master-addr", master_addr, "--master-port", str(port),
                    "-m", "tests.worker", scenario, *args]
             log = open(os.path.join(tmp, f"node{node}.log"), "w+")
@@ -150,8 +154,7 @@ def torchrun_nodes(scenario: str, args: list[str], nnodes: int, nproc: int, mast
             outputs.append(log.read())
             log.close()
         reports = []
-        for rank in range(nnodes * nproc):
+        for rank in range(len(node_of_rank)):
             path = os.path.join(tmp, f"rank{rank}.json")
             reports.append(json.load(open(path)) if os.path.exists(path) else None)
-    return JobResult([codes[r // nproc] for r in range(nnodes * nproc)], reports,
-                     [outputs[r // nproc] for r in range(nnodes * nproc)])
+    return JobResult([codes[node] for node in node_of_rank], reports, [outputs[node] for node in node_of_rank])

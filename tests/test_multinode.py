@@ -58,6 +58,18 @@ def test_torchrun_two_nodes():
     assert shm_entries() - before == set()
 
 
+def test_torchrun_three_uneven_nodes():
+    """Three torchrun invocations with 1, 2 and 1 ranks (--nnodes 3), each its own SHMCOLL_HOSTID."""
+    before = shm_entries()
+    result = torchrun_nodes("tests.multinode:matrix", ["5003"], nnodes=3, nproc=[1, 2, 1],
+                            node_env=lambda node: {**SMALL_CHUNKS, "SHMCOLL_HOSTID": f"torchrun-node{node}"},
+                            timeout=120)
+    assert_job_passes(result, min_cases=150)
+    for report in result.reports:
+        assert report["hierarchical"] and report["nodes"] == [[0], [1, 2], [3]], report
+    assert shm_entries() - before == set()
+
+
 # -- a rank that cannot map its node's arena -------------------------------------------
 
 def test_rank_that_cannot_map_its_arena_runs_as_a_node_of_its_own():
