@@ -68,6 +68,11 @@ cdef class Schedule:
         self.yield_ns = yield_ns
         self.slice_ns = slice_ns
 
+    def set_waits(self, int64_t spin_ns, int64_t yield_ns):
+        """Change the spin and yield budgets of later waits (see Arena.set_waits)."""
+        self.spin_ns = spin_ns
+        self.yield_ns = yield_ns
+
     cdef inline char *slot(self, uint32_t step, int rank) noexcept nogil:
         """Start of ``rank``'s slot in the buffer step ``step`` uses."""
         return <char *>(self.data + (step & 1) * self.buffer_bytes + rank * self.chunk_bytes)

@@ -72,6 +72,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=4, help="steps per round")
     p.add_argument("--bucket-mb", type=float, default=25, help="DDP bucket_cap_mb (DDP's default 25)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--bucket-view", action="store_true",
+                   help="DDP gradient_as_bucket_view=True (gradients live in the buckets: no copy in and out)")
     p.add_argument("--json", metavar="PATH", help="write the results here")
     args = p.parse_args()
 
@@ -84,7 +86,8 @@ def main() -> int:
     torch.manual_seed(0)
     base = mlp(args.width, args.layers)
     params = sum(p.numel() for p in base.parameters())
-    models = {name: DDP(copy.deepcopy(base), process_group=group, bucket_cap_mb=args.bucket_mb)
+    models = {name: DDP(copy.deepcopy(base), process_group=group, bucket_cap_mb=args.bucket_mb,
+                        gradient_as_bucket_view=args.bucket_view)
               for name, group in groups.items()}
     models["local"] = copy.deepcopy(base)  # the same work with no communication
     optimizers = {name: torch.optim.SGD(model.parameters(), lr=1e-3) for name, model in models.items()}

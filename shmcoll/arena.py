@@ -140,6 +140,12 @@ class Arena:
             view = self._views[("scratch", dtype)] = self._raw[start:start + self.chunk_bytes].view(dtype)
         return view
 
+    def set_waits(self, spin_ns: int, yield_ns: int) -> None:
+        """Spin and yield budgets of the waits that follow (the futex sleep comes after them)."""
+        if spin_ns != self.spin_ns or yield_ns != self.yield_ns:
+            self.spin_ns, self.yield_ns = spin_ns, yield_ns
+            self.schedule.set_waits(spin_ns, yield_ns)
+
     # -- steps ---------------------------------------------------------------
 
     def begin_write(self) -> int:

@@ -123,6 +123,7 @@ class ProgressEngine:
         self._running = False  # a collective is executing (inline or on the thread)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.on_thread = False  # the collective running now runs on the progress thread
 
     def busy(self) -> bool:
         """Something is queued or running. Read without the lock: only the issuing thread
@@ -169,11 +170,13 @@ class ProgressEngine:
                     self._waiters -= 1
                 run, work = self._queue.popleft()
                 self._running = True
+            self.on_thread = True
             try:
                 source = run()
                 error = None
             except BaseException as exc:  # delivered to the waiter, never lost
                 source, error = None, exc
+            self.on_thread = False
             with self._cv:
                 self._running = False
                 self._cv.notify_all()
