@@ -19,21 +19,6 @@ from libc.string cimport memcpy
 
 include "lines.pxi"
 
-cdef extern from "shmcoll_stream.h" nogil:
-    void shmcoll_copy_stream(void *dst, const void *src, size_t n)
-    void shmcoll_stream_fence()
-
-# All-gather outputs larger than this are written with streaming stores
-# (shmcoll_stream.h): well past the last-level cache, where they would only
-# evict everything else on the way to memory. Not all-reduce results: they
-# overwrite the input, whose lines the chunk's publish copy just brought in,
-# so ordinary stores need no extra read there (streaming ones measured 15%
-# slower).
-cdef enum:
-    _STREAM_BYTES = 8 << 20
-
-STREAM_BYTES = _STREAM_BYTES
-
 ctypedef void (*kernel_t)(void *out, void *first, void *rows, int64_t nrows, int64_t row_stride,
                           int64_t n, int64_t op, double scale) noexcept nogil
 
@@ -269,7 +254,6 @@ cdef class Schedule:
         cdef Py_ssize_t start, n
         cdef uint32_t step
         cdef int peer, me = self.me, size = self.size
-        cdef bint stream = nbytes * size >= _STREAM_BYTES
         while c * self.chunk_bytes < nbytes:
             start = c * self.chunk_bytes
             n = self.chunk_bytes if nbytes - start > self.chunk_bytes else nbytes - start
@@ -282,11 +266,6 @@ cdef class Schedule:
             if c == 0 and _first_mismatch(self.lines, 0, size, step, desc) >= 0:
                 return _MISMATCH
             for peer in range(size):
-                if stream:
-                    shmcoll_copy_stream(out + peer * out_stride + start, self.slot(step, peer), n)
-                else:
-                    memcpy(out + peer * out_stride + start, self.slot(step, peer), n)
+                memcpy(out + peer * out_stride + start, self.slot(step, peer), n)
             c += 1
-        if stream:
-            shmcoll_stream_fence()
         return _DONE

@@ -155,19 +155,3 @@ def test_allgather_resume(size, monkeypatch):
     del handles
     segment.close()
 
-
-def test_large_allgather_streams_into_an_unaligned_output(monkeypatch):
-    """Outputs from 8 MiB on take the streaming-store copy; an odd address exercises its head and tail."""
-    from shmcoll import _reduce
-    from shmcoll.algorithms import allgather
-
-    segment, handles = _arenas(2, monkeypatch)
-    nbytes = _reduce.STREAM_BYTES // 2 + 3
-    inputs = [np.random.default_rng(r).integers(0, 255, nbytes, dtype=np.uint8) for r in range(2)]
-    outputs = [np.zeros(2 * nbytes + 1, np.uint8)[1:] for _ in range(2)]
-    _run_ranks(2, lambda rank: allgather.allgather(handles[rank], inputs[rank].ctypes.data, nbytes,
-                                                   (outputs[rank].ctypes.data, nbytes), 56))
-    for r in range(2):
-        assert np.array_equal(outputs[r], np.concatenate(inputs))
-    del handles
-    segment.close()
