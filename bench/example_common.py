@@ -74,6 +74,30 @@ def step_summary(step_seconds: list[float]) -> dict:
     return {"median_step_ms": median_s * 1e3, "steps_per_s": 1.0 / median_s}
 
 
+def record_step(losses: list[float], step: int, loss: torch.Tensor, elapsed: float, args, total: int) -> None:
+    """Append the step's loss, averaged over ranks (outside the timed part), and print it on rank 0."""
+    mean_loss = loss.detach().clone()
+    dist.all_reduce(mean_loss)
+    losses.append(mean_loss.item() / dist.get_world_size())
+    if dist.get_rank() == 0 and (step % args.log_every == 0 or step == total - 1):
+        print(f"  step {step:4d}  loss {losses[-1]:.8f}  {elapsed * 1e3:8.2f} ms"
+              f"{'  (warm-up)' if step < args.warmup else ''}", flush=True)
+
+
+def report_training(example: str, args, threads: int, params: int, step_seconds: list[float],
+                    losses: list[float]) -> None:
+    """Rank 0 prints the median step time, steps/s and final loss, and writes them to --json."""
+    world = dist.get_world_size()
+    summary = step_summary(step_seconds)
+    if dist.get_rank() == 0:
+        print(f"{example} {args.backend:>4} world={world}: median step {summary['median_step_ms']:.2f} ms, "
+              f"{summary['steps_per_s']:.1f} steps/s, final loss {losses[-1]:.8f}", flush=True)
+    write_json(args.json, {
+        "example": example, "backend": args.backend, "world_size": world, "threads": threads, "params": params,
+        "args": vars(args), **summary, "final_loss": losses[-1], "losses": losses,
+    })
+
+
 def write_json(path: str | None, results: dict) -> None:
     if path and dist.get_rank() == 0:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -70,7 +70,7 @@ def main() -> None:
         p.error("--steps must be at least 1 and --layers at least 2")
 
     dist.init_process_group(backend=args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     threads = example_common.set_threads(args.threads)
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
@@ -96,22 +96,9 @@ def main() -> None:
         elapsed = time.perf_counter() - start
         if step >= args.warmup:
             step_seconds.append(elapsed)
-        # The logged loss is the mean over ranks, taken outside the timed part of the step.
-        mean_loss = loss.detach().clone()
-        dist.all_reduce(mean_loss)
-        losses.append(mean_loss.item() / world)
-        if rank == 0 and (step % args.log_every == 0 or step == total - 1):
-            print(f"  step {step:4d}  loss {losses[-1]:.8f}  {elapsed * 1e3:8.2f} ms"
-                  f"{'  (warm-up)' if step < args.warmup else ''}", flush=True)
+        example_common.record_step(losses, step, loss, elapsed, args, total)
 
-    summary = example_common.step_summary(step_seconds)
-    if rank == 0:
-        print(f"ddp {args.backend:>4} world={world}: median step {summary['median_step_ms']:.2f} ms, "
-              f"{summary['steps_per_s']:.1f} steps/s, final loss {losses[-1]:.8f}", flush=True)
-    example_common.write_json(args.json, {
-        "example": "ddp", "backend": args.backend, "world_size": world, "threads": threads, "params": params,
-        "args": vars(args), **summary, "final_loss": losses[-1], "losses": losses,
-    })
+    example_common.report_training("ddp", args, threads, params, step_seconds, losses)
     # Free the DDP model (its reducer holds the process group; reference cycles
     # keep it alive until a collection) while the interpreter is whole. Left to
     # interpreter shutdown, Gloo's group is destroyed there, and a rank may abort

@@ -129,22 +129,9 @@ def main() -> None:
         elapsed = time.perf_counter() - start
         if step >= args.warmup:
             step_seconds.append(elapsed)
-        # The logged loss is the mean over ranks, taken outside the timed part of the step.
-        mean_loss = loss.detach().clone()
-        dist.all_reduce(mean_loss)
-        losses.append(mean_loss.item() / world)
-        if rank == 0 and (step % args.log_every == 0 or step == total - 1):
-            print(f"  step {step:4d}  loss {losses[-1]:.8f}  {elapsed * 1e3:8.2f} ms"
-                  f"{'  (warm-up)' if step < args.warmup else ''}", flush=True)
+        example_common.record_step(losses, step, loss, elapsed, args, total)
 
-    summary = example_common.step_summary(step_seconds)
-    if rank == 0:
-        print(f"fsdp2 {args.backend:>4} world={world}: median step {summary['median_step_ms']:.2f} ms, "
-              f"{summary['steps_per_s']:.1f} steps/s, final loss {losses[-1]:.8f}", flush=True)
-    example_common.write_json(args.json, {
-        "example": "fsdp2", "backend": args.backend, "world_size": world, "threads": threads, "params": params,
-        "args": vars(args), **summary, "final_loss": losses[-1], "losses": losses,
-    })
+    example_common.report_training("fsdp2", args, threads, params, step_seconds, losses)
     # As in example_ddp.py: drop the sharded model (it holds the device mesh and so the
     # process group) while the interpreter is whole; left to interpreter shutdown, Gloo's
     # group is destroyed there and a rank may abort after the results are out.
