@@ -5,13 +5,12 @@ as in tests/scenarios.py.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.distributed as dist
 
-from tests.scenarios import (R, _data, _equal, check_all_gather_into_tensor, check_broadcast, make_input,
-                             reference_reduce)
+from tests.scenarios import (R, _data, _equal, check_all_gather_into_tensor, check_barrier, check_broadcast,
+                             make_input, reference_reduce)
 
 # Environment of the multi-node jobs: a 4 KiB chunk reaches the multi-chunk paths with
 # small inputs; the matrix's 5003 elements exceed it.
@@ -99,15 +98,7 @@ def matrix(cases, big: str = "5003"):
             case = f"all_gather_into_tensor/{str(dtype)[6:]}/n={count}"
             cases.run(case, check_all_gather_into_tensor, case, rank, world, dtype, count)
 
-    def barrier():
-        folder = os.path.dirname(os.environ["SHMCOLL_TEST_REPORT"])
-        for round_ in range(3):
-            open(os.path.join(folder, f"arrived-{round_}-{rank}"), "w").close()
-            dist.barrier()
-            missing = [r for r in range(world) if not os.path.exists(os.path.join(folder, f"arrived-{round_}-{r}"))]
-            assert not missing, f"barrier round {round_} returned before ranks {missing} arrived"
-
-    cases.run("barrier", barrier)
+    cases.run("barrier", check_barrier, rank, world)
 
     # Operations with no hierarchical plan: the flat Gloo group.
     def all_to_all_single():

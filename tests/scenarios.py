@@ -172,15 +172,17 @@ def data_movement(cases, big: str = "300001"):
 
     cases.run("broadcast/strided", broadcast_strided)
 
-    def barrier():
-        folder = os.path.dirname(os.environ["SHMCOLL_TEST_REPORT"])
-        for round_ in range(3):
-            open(os.path.join(folder, f"arrived-{round_}-{rank}"), "w").close()
-            dist.barrier()
-            missing = [r for r in range(world) if not os.path.exists(os.path.join(folder, f"arrived-{round_}-{r}"))]
-            assert not missing, f"barrier round {round_} returned before ranks {missing} arrived"
+    cases.run("barrier", check_barrier, rank, world)
 
-    cases.run("barrier", barrier)
+
+def check_barrier(rank, world):
+    """Three barriers; after each, every rank's arrival file (written just before it) must exist."""
+    folder = os.path.dirname(os.environ["SHMCOLL_TEST_REPORT"])
+    for round_ in range(3):
+        open(os.path.join(folder, f"arrived-{round_}-{rank}"), "w").close()
+        dist.barrier()
+        missing = [r for r in range(world) if not os.path.exists(os.path.join(folder, f"arrived-{round_}-{r}"))]
+        assert not missing, f"barrier round {round_} returned before ranks {missing} arrived"
 
 
 def check_broadcast(case, rank, root, dtype, count):
