@@ -68,10 +68,11 @@ An op that ``supports(dtype, op)`` rejects, mismatched lengths or a row
 stride that is not contiguous raise ``ValueError`` from inside the kernel.
 
 All kernels are ``@njit(nogil=True, cache=True)`` with one explicit signature
-each, compiled lazily by ``reducer()`` / all at once by ``warm()`` (10
-compilations, ~6 s on a cold cache on a 2-core EPYC, ~0.3 s to load from the
-cache); after that the dispatchers never compile again (compilation is
-disabled on them).  The on-disk cache is numba's: ``NUMBA_CACHE_DIR`` if set,
+each, compiled lazily by ``reducer()``; after that the dispatchers never
+compile again (compilation is disabled on them). Collectives call the C entry
+points instead (``entry_point()``, below), which ``warm()`` loads all at once
+(10 compilations, ~9 s on a cold cache on a 2-core EPYC; ~0.5 s to load from
+the cache, most of it Numba's own start-up).  The on-disk cache is numba's: ``NUMBA_CACHE_DIR`` if set,
 else ``shmcoll/__pycache__/`` next to this file if writeable
 (``kernels._reduce_<family>-<line>.py311.nbi`` index + ``.N.nbc`` code), else
 ``~/.cache/numba``-style user-wide directories.  It is keyed by this file's
@@ -789,22 +790,29 @@ _kernels = {}
 _lock = threading.Lock()
 
 
-def reducer(dtype: str):
-    """Return the compiled kernel for dtype: kernel(out, first, rows, op, scale) -> None."""
-    kern = _kernels.get(dtype)
-    if kern is not None:
-        return kern
+def _once(table: dict, dtype: str, build):
+    """``table[dtype]``, made by ``build(dtype)`` the first time (under the lock; lookups take none)."""
+    value = table.get(dtype)
+    if value is not None:
+        return value
     if dtype not in _SPECS:
         raise ValueError(f"shmcoll.kernels: unsupported dtype {dtype!r}")
     with _lock:
-        kern = _kernels.get(dtype)
-        if kern is None:
-            pyfunc, elt = _SPECS[dtype]
-            # explicit signature: compiled (or loaded from the on-disk cache)
-            # right here; the dispatcher then refuses to compile again.
-            kern = njit(_sig(elt), nogil=True, cache=True)(pyfunc)
-            _kernels[dtype] = kern
-    return kern
+        if dtype not in table:
+            table[dtype] = build(dtype)
+    return table[dtype]
+
+
+def _build_reducer(dtype: str):
+    pyfunc, elt = _SPECS[dtype]
+    # explicit signature: compiled (or loaded from the on-disk cache)
+    # right here; the dispatcher then refuses to compile again.
+    return njit(_sig(elt), nogil=True, cache=True)(pyfunc)
+
+
+def reducer(dtype: str):
+    """Return the compiled kernel for dtype: kernel(out, first, rows, op, scale) -> None."""
+    return _once(_kernels, dtype, _build_reducer)
 
 
 # C entry points: the same kernels behind a C signature, called by address and
@@ -818,8 +826,7 @@ def reducer(dtype: str):
 # ``row_stride`` elements after row r; the arrays follow the module docstring.
 _ENTRY_SIG = types.void(types.voidptr, types.voidptr, types.voidptr, types.int64, types.int64,
                         types.int64, types.int64, types.float64)
-_entries = {}  # dtype -> address
-_entry_cfuncs = []  # keeps every compiled entry point (and its code) alive
+_entries = {}  # dtype -> compiled entry point (holding it keeps its code alive)
 
 
 def _make_entry(family, np_dtype):
@@ -832,20 +839,14 @@ def _make_entry(family, np_dtype):
     return cfunc(_ENTRY_SIG, nopython=True, nogil=True, cache=True)(entry)
 
 
+def _build_entry(dtype: str):
+    family, _ = _SPECS[dtype]
+    return _make_entry(family, NUMPY_DTYPES[dtype])
+
+
 def entry_point(dtype: str) -> int:
     """Address of the C entry point of dtype's kernel (compiled or loaded from cache on first use)."""
-    address = _entries.get(dtype)
-    if address is not None:
-        return address
-    if dtype not in _SPECS:
-        raise ValueError(f"shmcoll.kernels: unsupported dtype {dtype!r}")
-    with _lock:
-        if dtype not in _entries:
-            family, _ = _SPECS[dtype]
-            compiled = _make_entry(family, NUMPY_DTYPES[dtype])
-            _entry_cfuncs.append(compiled)
-            _entries[dtype] = compiled.address
-    return _entries[dtype]
+    return _once(_entries, dtype, _build_entry).address
 
 
 def supports(dtype: str, op: int) -> bool:
