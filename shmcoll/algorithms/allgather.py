@@ -4,8 +4,7 @@ A contiguous output (base, stride) runs whole in ``shmcoll._reduce`` (see
 algorithms/allreduce.py); a list of separate outputs steps through Python.
 """
 from shmcoll._copy import copy
-from shmcoll._reduce import DONE
-from shmcoll.algorithms.allreduce import settle
+from shmcoll.algorithms import schedule
 
 
 def allgather(arena, addr: int, nbytes: int, outputs, desc: int) -> None:
@@ -31,13 +30,6 @@ def allgather(arena, addr: int, nbytes: int, outputs, desc: int) -> None:
 
 
 def _allgather_strided(arena, addr: int, nbytes: int, out: int, stride: int, desc: int) -> None:
-    base = arena.begin_write() - 1
-    steps = -(-nbytes // arena.chunk_bytes)
-    schedule = arena.schedule
-    status = schedule.allgather(base & 0xFFFFFFFF, desc, addr, nbytes, out, stride, -1)
-    while status != DONE:
-        step = base + 1 if status < 0 else base + status + 1  # position c waits for step base + c + 1
-        arena.step = step
-        settle(arena, status, step, desc)
-        status = schedule.allgather(base & 0xFFFFFFFF, desc, addr, nbytes, out, stride, status)
-    arena.step = arena.all_reached = base + steps
+    call = arena.schedule.allgather
+    base = schedule.run(arena, desc, lambda base, resume: call(base, desc, addr, nbytes, out, stride, resume))
+    arena.step = arena.all_reached = base + -(-nbytes // arena.chunk_bytes)  # one step per chunk
