@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 
 from shmcoll import _reduce, _segment, _sync
-from shmcoll._logging import log
+from shmcoll._logging import first_wait_warning, log
 from shmcoll.errors import (AttachError, CollectiveError, InterNodeError, PeerAttachError, PeerDiedError,
                             PeerTimeoutError, ShmcollError)
 
@@ -50,9 +50,6 @@ NAME_PREFIX = "shmcoll-"
 
 # How long one wait call may block before Python checks deadline and liveness.
 _SLICE_NS = 100_000_000
-# A wait this long (or a third of the timeout, if shorter) logs a warning naming
-# the ranks waited for, then again each time the wait doubles.
-_WARN_AFTER_S = 10.0
 
 
 class Layout(NamedTuple):
@@ -192,7 +189,7 @@ class Arena:
         """Keep waiting in slices, checking the deadline, whether peers are alive and whether one gave up."""
         start = time.monotonic()
         deadline = start + self.timeout_s
-        warn_after = min(_WARN_AFTER_S, self.timeout_s / 3)
+        warn_after = first_wait_warning(self.timeout_s)
         while True:
             behind = [r for r in local_ranks if r != self.local_rank
                       and not _reached(_sync.load_step(self.lines, r), step)]

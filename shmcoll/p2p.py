@@ -23,13 +23,10 @@ import time
 import numpy as np
 
 from shmcoll import _sync
-from shmcoll._logging import log
+from shmcoll._logging import first_wait_warning, log
 from shmcoll._copy import copy
 from shmcoll.errors import PeerDiedError, PeerTimeoutError, ShmcollError
 from shmcoll.work import AsyncWork, CompletedWork
-
-# Warn about a transfer idle this long (or a third of the timeout, if shorter), then at each doubling.
-_WARN_AFTER_S = 10.0
 
 HEADER_BYTES = 64
 
@@ -235,7 +232,7 @@ class PointToPoint:
         if idle > self._timeout_s:
             raise PeerTimeoutError(f"{transfer.describe()} on rank {self.ranks[self.me]} made no progress for "
                                    f"{self._timeout_s:g} s")
-        warn_after = transfer.warn_after or min(_WARN_AFTER_S, self._timeout_s / 3)
+        warn_after = transfer.warn_after or first_wait_warning(self._timeout_s)
         if idle >= warn_after:
             log.warning("%s on rank %d has made no progress for %.0f s; waiting for rank(s) %s (alive); "
                         "timeout in %.0f s", transfer.describe(), self.ranks[self.me], idle,
