@@ -64,6 +64,12 @@ def _gives_up_on_failure(plan):
     return run
 
 
+def _node_stage(op, scale: float) -> tuple[int, float]:
+    """(kernel op, scale) of a reduction's stage inside a node: AVG is a SUM there, divided by the
+    world size at the end (``_finish_average``); PREMUL_SUM's factor is linear, so it applies there."""
+    return (kernels.SUM, 1.0) if op.average else (op.kernel, scale)
+
+
 class Hierarchy:
     """This rank's node arena, its rail and the flat group, with one method per hierarchical plan."""
 
@@ -129,6 +135,20 @@ class Hierarchy:
         if self.arena is not None and buf.numel():
             _broadcast.broadcast(self.arena, buf.data_ptr(), buf.numel() * buf.element_size(), local_root, desc)
 
+    def _node_reduce_scatter(self, blocks: torch.Tensor, block_count: int, op, kernel, scale: float,
+                             desc: int) -> torch.Tensor:
+        """Block l of the L blocks of ``block_count`` elements in ``blocks``, reduced over this node,
+        on local rank l (the node stage of a reduction; see ``_node_stage``)."""
+        op_kernel, kscale = _node_stage(op, scale)
+        if self.arena is None:  # alone on the node: our one block is the node's
+            if kscale != 1.0:
+                blocks.mul_(kscale)
+            return blocks
+        out = torch.empty(block_count, dtype=blocks.dtype)
+        _reduce_scatter.reduce_scatter(self.arena, blocks.data_ptr(), block_count, blocks.element_size(), kernel,
+                                       op_kernel, kscale, out.data_ptr(), desc)
+        return out
+
     def _finish_average(self, tensor: torch.Tensor) -> None:
         """SUM -> mean over the whole world, rounded once (as Gloo and the arena kernels do)."""
         if tensor.dtype in (torch.float16, torch.bfloat16):
@@ -147,25 +167,15 @@ class Hierarchy:
         if not self.uniform:
             return self._allreduce_by_leaders(flat, op, dtype, kernel, scale, desc)
         count, itemsize, L = flat.numel(), flat.element_size(), self.local_size
-        average = op.average
-        # AVG is a SUM here, divided by the world size at the end; PREMUL_SUM's factor is linear.
-        op_kernel, kscale = (kernels.SUM, 1.0) if average else (op.kernel, scale)
         block = -(-count // L)  # elements of each local rank's shard
         if block * L == count and flat.is_contiguous():
             work = flat
         else:
             work = torch.zeros(block * L, dtype=flat.dtype)
             work[:count].copy_(flat.reshape(-1))
-        if self.arena is None:
-            shard = work
-            if kscale != 1.0:
-                shard.mul_(kscale)
-        else:
-            shard = torch.empty(block, dtype=flat.dtype)
-            _reduce_scatter.reduce_scatter(self.arena, work.data_ptr(), block, itemsize, kernel, op_kernel, kscale,
-                                           shard.data_ptr(), desc)
+        shard = self._node_reduce_scatter(work, block, op, kernel, scale, desc)
         self._rail_allreduce(shard, _RAIL_OPS[op.name])
-        if average:
+        if op.average:
             self._finish_average(shard)
         if self.arena is not None:
             _allgather.allgather(self.arena, shard.data_ptr(), block * itemsize,
@@ -174,7 +184,7 @@ class Hierarchy:
             flat.copy_(work[:count].view_as(flat))
 
     def _allreduce_by_leaders(self, flat: torch.Tensor, op, dtype, kernel, scale: float, desc: int) -> None:
-        op_kernel, kscale = (kernels.SUM, 1.0) if op.average else (op.kernel, scale)
+        op_kernel, kscale = _node_stage(op, scale)
         work = staged(flat)
         if self.arena is not None:
             _allreduce.reduce_scatter_allgather(self.arena, work.data_ptr(), work.numel(), work.element_size(),
@@ -243,22 +253,13 @@ class Hierarchy:
         # Block l of the node stage: the N blocks of rail l's ranks, in node order.
         order = [self.nodes[n][l] for l in range(L) for n in range(N)]
         by_rail = blocks[torch.tensor(order)].reshape(-1)
-        average = op.average
-        op_kernel, kscale = (kernels.SUM, 1.0) if average else (op.kernel, scale)
-        if self.arena is None:
-            partial = by_rail
-            if kscale != 1.0:
-                partial.mul_(kscale)
-        else:
-            partial = torch.empty(N * M, dtype=output.dtype)
-            _reduce_scatter.reduce_scatter(self.arena, by_rail.data_ptr(), N * M, output.element_size(), kernel,
-                                           op_kernel, kscale, partial.data_ptr(), desc)
+        partial = self._node_reduce_scatter(by_rail, N * M, op, kernel, scale, desc)
         result = torch.empty(M, dtype=output.dtype)
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = _RAIL_OPS[op.name]
         self.tcp_bytes += partial.numel() * partial.element_size()
         self._over_rail("reduce_scatter", lambda rail: rail._reduce_scatter_base(result, partial, opts))
-        if average:
+        if op.average:
             self._finish_average(result)
         output.copy_(result.view_as(output))
 
