@@ -62,18 +62,17 @@ def _wait_policy(settings, local_size: int) -> tuple[int, int]:
     return int(spin_us * 1000), int(yield_us * 1000)
 
 
-def _background_waits(settings, arena) -> dict[bool, tuple[int, int]]:
-    """Wait budgets inline (False) and on the progress thread (True).
+def _thread_waits(settings) -> tuple[int, int] | None:
+    """Wait budgets (spin ns, yield ns) of collectives on the progress thread; None: the arena's own.
 
     An async collective runs while the caller computes, typically on the same
     cores (DDP's backward): spinning or yielding there takes cycles from the
     computation it overlaps, so those waits sleep on the futex at once
     (measured on DDP with 2 ranks on 2 cores: communication overhead per step
-    32 -> 28 ms). Explicit SHMCOLL_SPIN_US / SHMCOLL_YIELD_US apply to both.
+    50-53 -> 42-44 ms). Explicit SHMCOLL_SPIN_US / SHMCOLL_YIELD_US apply to both.
     """
-    inline = (arena.spin_ns, arena.yield_ns)
     explicit = settings.spin_us is not None or settings.yield_us is not None
-    return {False: inline, True: inline if explicit else (0, 0)}
+    return None if explicit else (0, 0)
 
 
 def _first_tensor(args):
@@ -134,7 +133,8 @@ class ProcessGroupShm(dist.ProcessGroup):
         self._done = CompletedWork()  # returned by every synchronous small all-reduce
         self._engine = ProgressEngine(f"rank{rank}")
         self._node_arena = None  # this rank's node arena (single node or hierarchy), if it has one
-        self._waits = None  # {on the progress thread: (spin ns, yield ns)} for that arena
+        self._inline_waits = None  # that arena's own (spin ns, yield ns)
+        self._thread_waits = None  # what collectives on the progress thread use instead, if anything
         self._p2p = None
         _configure_logging(rank)
         # Load every kernel before any collective, so none compiles on only some ranks.
@@ -152,7 +152,8 @@ class ProcessGroupShm(dist.ProcessGroup):
         if arena is not None:
             arena._describe = self._describe_current
             self._node_arena = arena
-            self._waits = _background_waits(self._settings, arena)
+            self._inline_waits = (arena.spin_ns, arena.yield_ns)
+            self._thread_waits = _thread_waits(self._settings)
         if topo.single_node:
             self._arena = arena
             self._p2p = PointToPoint(self._arena, f"rank{rank}")
@@ -166,7 +167,7 @@ class ProcessGroupShm(dist.ProcessGroup):
     def _summary(self, topo) -> str:
         """What this group will do, in a few lines (logged at INFO on its first rank)."""
         s = self._settings
-        arena = self._arena if self._arena is not None else self._hierarchy.arena
+        arena = self._node_arena
         lines = [f"shm process group of {self._size} ranks on {len(topo.nodes)} node(s): {topo.nodes}"]
         if arena is not None:
             lines.append(f"  arena: {arena.segment.size / 2**20:.1f} MiB for {arena.local_size} local ranks, "
@@ -215,23 +216,32 @@ class ProcessGroupShm(dist.ProcessGroup):
     def _describe_current(self, step: int | None = None) -> str:
         return f"{ops.describe_desc(self._desc)} #{self._seq}"
 
+    def _start(self, desc: int) -> None:
+        """Make ``desc`` the collective in progress (named in errors and DEBUG logs), if the group is usable."""
+        self._check_usable()
+        self._seq += 1
+        self._desc = desc
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("rank %d: %s #%d", self._rank, ops.describe_desc(desc), self._seq)
+
     def _launch(self, desc: int, body, result, opts):
         """Run ``body()`` as collective ``desc`` in issue order; return its Work."""
 
         def run():
-            if self._error is not None:
-                raise ShmcollError(f"this shm process group is unusable after an earlier error: {self._error}")
-            self._seq += 1
-            self._desc = desc
-            if self._waits is not None:
-                self._node_arena.set_waits(*self._waits[self._engine.on_thread])
-            if _log.isEnabledFor(logging.DEBUG):
-                _log.debug("rank %d: %s #%d", self._rank, ops.describe_desc(desc), self._seq)
+            self._start(desc)
+            # On the progress thread, waits use the thread's budgets for this collective only, so an
+            # inline collective (the small all-reduce path included) always finds the arena's own.
+            background = self._thread_waits is not None and self._engine.on_thread
+            if background:
+                self._node_arena.set_waits(*self._thread_waits)
             try:
                 return body()
             except ShmcollError as error:
                 self._error = error
                 raise
+            finally:
+                if background:
+                    self._node_arena.set_waits(*self._inline_waits)
 
         async_op = True if opts is None else opts.asyncOp
         return self._engine.execute(run, result, async_op, lambda: ops.describe_desc(desc))
@@ -346,12 +356,8 @@ class ProcessGroupShm(dist.ProcessGroup):
     def _small_allreduce(self, tensor, count: int, plan, tensors):
         """One-shot all-reduce, inline; returns the group's reusable completed Work."""
         _, desc_base, itemsize, kernel, op, scale = plan
-        if self._error is not None:
-            raise ShmcollError(f"this shm process group is unusable after an earlier error: {self._error}")
-        self._seq += 1
-        self._desc = desc = desc_base | count << ops.COUNT_SHIFT
-        if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("rank %d: %s #%d", self._rank, ops.describe_desc(desc), self._seq)
+        desc = desc_base | count << ops.COUNT_SHIFT
+        self._start(desc)
         try:
             _allreduce.one_shot(self._arena, tensor.data_ptr(), count, itemsize, kernel, op, scale, desc)
         except ShmcollError as error:
@@ -367,7 +373,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         if self._arena is None or dtype.is_complex or kind == dist.ReduceOp.RedOpType.PREMUL_SUM:
             return
         op, shm_dtype, kernel, scale, _, _ = self._plans[(kind, dtype)]
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         max_count = min(self._settings.small_bytes, self._arena.chunk_bytes) // itemsize
         desc_base = ops.descriptor(ops.ALLREDUCE, 0, shm_dtype.code, op.code)
         self._small[(kind.value, dtype)] = (max_count, desc_base, itemsize, kernel, op.kernel, scale)
