@@ -821,6 +821,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             self._arena = None
         if self._hierarchy is not None:
             self._hierarchy.close()
+            self._gloo = None
         self._error = self._error or ShmcollError("this shm process group was shut down")
 
     def abort(self) -> None:

@@ -108,6 +108,13 @@ class Hierarchy:
         if self.arena is not None:
             self.arena.close()
             self.arena = None
+        # Stop the Gloo groups' worker threads now, while the interpreter is whole: left to be
+        # destroyed at interpreter exit, a Gloo group can abort the process ("terminate called
+        # without an active exception").
+        for group in (self.rail, self.flat):
+            if group is not None:
+                group.shutdown()
+        self.rail = self.flat = None
 
     def _give_up(self) -> None:
         if self.arena is not None:
