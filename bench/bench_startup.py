@@ -12,13 +12,13 @@ nothing (imports, Numba kernels in memory, the arena) carries over.  In each ran
 float32, bfloat16 and int64 (--numel elements each, checked); "total" is their sum, the
 slowest rank's per trial, median over trials.  Trials alternate shm, gloo, shm, gloo ...
 
-- shm warm: Numba's on-disk kernel cache is filled first (``python -m shmcoll warm``), as
-  bench/run.sh and tests/run.sh leave it.
+- shm warm: the kernel library is built first (``python -m shmcoll warm``), as bench/run.sh
+  and tests/run.sh leave it, so the ranks load it and never import Numba.
 - shm cold: NUMBA_CACHE_DIR points at a new empty directory for each trial, so every kernel
-  is compiled (what the first job on a fresh install pays; both ranks compile at once).
+  is compiled and linked (what the first job on a fresh install pays; both ranks build at once).
 - gloo: no cache involved.
 
-One untimed launch comes first so that the files (torch, numba, shmcoll) are in the page
+One untimed launch comes first so that the files (torch, shmcoll) are in the page
 cache.  "launch s" is the whole torchrun job's wall time seen from here (Python start-up,
 import torch, rendezvous, exit), for context; the goal is about "total".  Takes about a
 minute on a 2-core machine.
@@ -88,7 +88,7 @@ def launch(args, backend: str, cache_dir: str | None) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
-    p.add_argument("--trials", type=int, default=3, help="warm trials per backend (default 3)")
+    p.add_argument("--trials", type=int, default=9, help="warm trials per backend (default 9: rank skew makes single trials noisy)")
     p.add_argument("--cold-trials", type=int, default=1, help="shm trials with an empty kernel cache (default 1)")
     p.add_argument("--numel", type=int, default=1024, help="elements of each first all_reduce (default 1024)")
     p.add_argument("--json", metavar="PATH", help="write the results here")

@@ -1,7 +1,7 @@
 """``python -m shmcoll``: diagnostics and maintenance commands.
 
-  info   versions, entry point, CPUs, /dev/shm, kernel cache, SHMCOLL_* settings
-  warm   compile (or load from cache) every reduction kernel ahead of time
+  info   versions, entry point, CPUs, /dev/shm, kernel library, SHMCOLL_* settings
+  warm   compile the reduction kernels into their native library ahead of time
   bench  shm against gloo (and Open MPI, if installed) on N local ranks: table, JSON, PNG
 """
 from __future__ import annotations
@@ -20,23 +20,14 @@ QUICK_SWEEP = ["--quick"]
 
 
 def _warm(_args) -> int:
-    """Compile (or load from Numba's on-disk cache) every reduction kernel."""
-    from shmcoll import kernels
+    """Build (or find) the native library of reduction kernels, so no job compiles them."""
+    from shmcoll import kernel_abi, kernel_library
 
     start = time.perf_counter()
-    kernels.warm()
-    print(f"shmcoll: {len(kernels.DTYPES)} reduction kernels ready in {time.perf_counter() - start:.1f} s")
+    kernel_library.warm()
+    where = kernel_library.loaded_from() or "Numba's JIT (no native library could be built; see INFO log)"
+    print(f"shmcoll: {len(kernel_abi.DTYPES)} reduction kernels ready in {time.perf_counter() - start:.1f} s: {where}")
     return 0
-
-
-def _kernel_cache() -> tuple[str, bool]:
-    """Where Numba caches shmcoll's kernels, and whether the cache holds them."""
-    import glob
-
-    from shmcoll import kernels
-
-    folder = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(os.path.dirname(kernels.__file__), "__pycache__")
-    return folder, bool(glob.glob(os.path.join(folder, "**", "kernels.*.nbi"), recursive=True))
 
 
 def _info(_args) -> int:
@@ -46,7 +37,7 @@ def _info(_args) -> int:
     import torch
     import torch.distributed as dist
 
-    from shmcoll import _env, _segment, topology
+    from shmcoll import _env, _segment, kernel_library, topology
 
     settings = _env.read_settings()
     rows = [
@@ -70,8 +61,9 @@ def _info(_args) -> int:
     for ranks in (2, 8, 16):
         rows.append((f"arena for {ranks} local ranks",
                      f"{layout(ranks, settings.chunk_bytes, settings.p2p_bytes).total / 2**20:.1f} MiB"))
-    folder, warm = _kernel_cache()
-    rows.append(("kernel cache", f"{folder} ({'warm' if warm else 'cold: first group compiles, ~10 s'})"))
+    library = kernel_library.library_path()
+    warm = os.path.exists(library)
+    rows.append(("kernel library", f"{library} ({'warm' if warm else 'cold: first group compiles, ~10 s'})"))
     for field in ("chunk_bytes", "small_bytes", "p2p_bytes", "spin_us", "yield_us"):
         value = getattr(settings, field)
         rows.append((f"  {field}", "auto" if value is None else str(value)))

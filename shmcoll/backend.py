@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
-from shmcoll import kernels, ops, topology
+from shmcoll import kernel_library, ops, topology
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
 from shmcoll._env import read_settings
@@ -138,7 +138,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         self._p2p = None
         _configure_logging(rank)
         # Load every kernel before any collective, so none compiles on only some ranks.
-        kernels.warm()
+        kernel_library.warm()
         if size == 1:
             return
         # torch reuses a group's store prefix when a process initialises again, so every
@@ -279,7 +279,7 @@ class ProcessGroupShm(dist.ProcessGroup):
                 raise ValueError(f"{what}: {kind} is not defined for complex tensors (only SUM, AVG, PREMUL_SUM)")
             tensor = torch.view_as_real(tensor)
         op, dtype = ops.reduce_op(kind, tensor.dtype)
-        kernel = kernels.entry_point(dtype.name)  # called by address from shmcoll._reduce
+        kernel = kernel_library.entry_point(dtype.name)  # called by address from shmcoll._reduce
         scale = float(self._size) if op.average else 1.0
         return op, dtype, kernel, scale, as_real, kind == dist.ReduceOp.RedOpType.PREMUL_SUM
 

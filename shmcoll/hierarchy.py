@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
-from shmcoll import kernels
+from shmcoll import kernel_abi
 from shmcoll.algorithms import allgather as _allgather
 from shmcoll.algorithms import barrier as _barrier
 from shmcoll.algorithms import broadcast as _broadcast
@@ -67,7 +67,7 @@ def _gives_up_on_failure(plan):
 def _node_stage(op, scale: float) -> tuple[int, float]:
     """(kernel op, scale) of a reduction's stage inside a node: AVG is a SUM there, divided by the
     world size at the end (``_finish_average``); PREMUL_SUM's factor is linear, so it applies there."""
-    return (kernels.SUM, 1.0) if op.average else (op.kernel, scale)
+    return (kernel_abi.SUM, 1.0) if op.average else (op.kernel, scale)
 
 
 class Hierarchy:

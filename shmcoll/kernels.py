@@ -69,17 +69,16 @@ stride that is not contiguous raise ``ValueError`` from inside the kernel.
 
 All kernels are ``@njit(nogil=True, cache=True)`` with one explicit signature
 each, compiled lazily by ``reducer()``; after that the dispatchers never
-compile again (compilation is disabled on them). Collectives call the C entry
-points instead (``entry_point()``, below), which ``warm()`` loads all at once
-(10 compilations, ~9 s on a cold cache on a 2-core EPYC; ~0.5 s to load from
-the cache, most of it Numba's own start-up).  The on-disk cache is numba's: ``NUMBA_CACHE_DIR`` if set,
-else ``shmcoll/__pycache__/`` next to this file if writeable
-(``kernels._reduce_<family>-<line>.py311.nbi`` index + ``.N.nbc`` code), else
-``~/.cache/numba``-style user-wide directories.  It is keyed by this file's
-mtime/size, the Python version and the host CPU name/features, so an edited
-file or another CPU simply recompiles.  Several processes compiling at once
-is safe (numba writes cache files atomically) but each pays the compile, so
-warm once (e.g. in the parent before spawning ranks).
+compile again (compilation is disabled on them).
+
+Collectives call C entry points of the same kernels instead. ``kernel_library``
+compiles them (``compile_entry``) into one native library that later processes
+load without importing Numba (~1 ms instead of ~0.5 s); ``entry_point()`` and
+``warm()`` here are its fallback, Numba's JIT with its on-disk cache (10
+compilations, ~9 s cold on a 2-core EPYC).  That cache is numba's:
+``NUMBA_CACHE_DIR`` if set, else ``shmcoll/__pycache__/`` next to this file if
+writeable, else ``~/.cache/numba``-style user-wide directories, keyed by this
+file's mtime/size, the Python version and the host CPU name/features.
 """
 
 import threading
@@ -90,22 +89,14 @@ from numba import carray, cfunc, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
+# op codes, dtypes and supports() live where code that must not import Numba finds them
+from shmcoll.kernel_abi import AVG, BAND, BOR, BXOR, DTYPES, MAX, MIN, PRODUCT, SUM, supports
+
 __all__ = [
     "SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG",
     "DTYPES", "NUMPY_DTYPES", "reducer", "supports", "warm",
 ]
 
-# op codes
-SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR = 0, 1, 2, 3, 4, 5, 6
-# AVG: the SUM, divided by ``scale`` (the number of contributions) before the
-# one rounding; floating dtypes only. Division, not a multiply by 1/scale, so
-# the result is the correctly rounded mean, as Gloo computes it.
-AVG = 7
-
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16",
-          "int32", "int64", "uint8", "bool")
-
-_FLOAT_DTYPES = frozenset(("float32", "float64", "float16", "bfloat16"))
 
 # Elements per block of the on-stack accumulator (float64: 8 KiB, float32 and
 # the 16-bit floats: 4 KiB, int8/bool: 1 KiB), so that it and the current
@@ -815,51 +806,42 @@ def reducer(dtype: str):
     return _once(_kernels, dtype, _build_reducer)
 
 
-# C entry points: the same kernels behind a C signature, called by address and
-# without the GIL from the Cython schedules (shmcoll._reduce), so a whole
-# collective runs without coming back to Python:
-#
-#   void entry(void *out, const void *first, const void *rows, int64 nrows,
-#              int64 row_stride, int64 n, int64 op, double scale)
-#
-# ``rows`` holds ``nrows`` rows of ``n`` elements, row r + 1 starting
-# ``row_stride`` elements after row r; the arrays follow the module docstring.
+# C entry points: the same kernels behind the C signature of kernel_abi, called by
+# address and without the GIL from the Cython schedules (shmcoll._reduce), so a
+# whole collective runs without coming back to Python. kernel_library compiles
+# them into a native library; entry_point() is the fallback when it cannot.
 _ENTRY_SIG = types.void(types.voidptr, types.voidptr, types.voidptr, types.int64, types.int64,
                         types.int64, types.int64, types.float64)
 _entries = {}  # dtype -> compiled entry point (holding it keeps its code alive)
 
 
-def _make_entry(family, np_dtype):
+def _make_entry(family, np_dtype, cache: bool):
     # Numba keys its on-disk cache on the pickled closure: ``family`` is a plain
     # function (register_jitable keeps it so) and pickles by name, as does the dtype.
     def entry(out, first, rows, nrows, row_stride, n, op, scale):
         family(carray(out, n, np_dtype), carray(first, n, np_dtype),
                carray(rows, (nrows, row_stride), np_dtype)[:, :n], op, scale)
 
-    return cfunc(_ENTRY_SIG, nopython=True, nogil=True, cache=True)(entry)
+    return cfunc(_ENTRY_SIG, nopython=True, nogil=True, cache=cache)(entry)
 
 
 def _build_entry(dtype: str):
     family, _ = _SPECS[dtype]
-    return _make_entry(family, NUMPY_DTYPES[dtype])
+    return _make_entry(family, NUMPY_DTYPES[dtype], cache=True)
+
+
+def compile_entry(dtype: str):
+    """A freshly compiled entry point of dtype (not from Numba's cache, so its LLVM IR is
+    at hand: ``.inspect_llvm()``, symbol ``.native_name``), for kernel_library."""
+    if dtype not in _SPECS:
+        raise ValueError(f"shmcoll.kernels: unsupported dtype {dtype!r}")
+    family, _ = _SPECS[dtype]
+    return _make_entry(family, NUMPY_DTYPES[dtype], cache=False)
 
 
 def entry_point(dtype: str) -> int:
     """Address of the C entry point of dtype's kernel (compiled or loaded from cache on first use)."""
     return _once(_entries, dtype, _build_entry).address
-
-
-def supports(dtype: str, op: int) -> bool:
-    """True if reducer(dtype) implements op (bitwise ops: integer/bool only)."""
-    if dtype not in _SPECS:
-        return False
-    if op in (SUM, PRODUCT, MIN, MAX):
-        return True
-    if op in (BAND, BOR, BXOR):
-        return dtype not in _FLOAT_DTYPES
-    if op == AVG:
-        return dtype in _FLOAT_DTYPES
-    return False
 
 
 def warm() -> None:

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from torch.distributed import ReduceOp
 
+from shmcoll import kernel_abi
+
 
 class DType(NamedTuple):
     name: str  # kernel name in shmcoll.kernels
@@ -52,24 +54,22 @@ def movement_code(dtype: torch.dtype) -> int:
 
 class Op(NamedTuple):
     name: str
-    kernel: int  # shmcoll.kernels op code
+    kernel: int  # shmcoll.kernel_abi op code
     average: bool  # the kernel divides the sum by its ``scale`` argument (the rank count)
     code: int
 
 
 def _op_table():
-    from shmcoll import kernels as k  # noqa: PLC0415 (kernels import Numba: keep it lazy)
-
     R = ReduceOp.RedOpType
     table = [
-        (R.SUM, "sum", k.SUM, False),
-        (R.PRODUCT, "product", k.PRODUCT, False),
-        (R.MIN, "min", k.MIN, False),
-        (R.MAX, "max", k.MAX, False),
-        (R.BAND, "band", k.BAND, False),
-        (R.BOR, "bor", k.BOR, False),
-        (R.BXOR, "bxor", k.BXOR, False),
-        (R.AVG, "avg", k.AVG, True),
+        (R.SUM, "sum", kernel_abi.SUM, False),
+        (R.PRODUCT, "product", kernel_abi.PRODUCT, False),
+        (R.MIN, "min", kernel_abi.MIN, False),
+        (R.MAX, "max", kernel_abi.MAX, False),
+        (R.BAND, "band", kernel_abi.BAND, False),
+        (R.BOR, "bor", kernel_abi.BOR, False),
+        (R.BXOR, "bxor", kernel_abi.BXOR, False),
+        (R.AVG, "avg", kernel_abi.AVG, True),
     ]
     return {t: Op(name, kern, avg, code) for code, (t, name, kern, avg) in enumerate(table, start=1)}
 
@@ -98,9 +98,7 @@ def reduce_op(redop, dtype: torch.dtype) -> tuple[Op, DType]:
     if dt is None:
         raise TypeError(f"shm backend cannot reduce tensors of dtype {dtype}; "
                         f"supported: {', '.join(str(t) for t in DTYPES)}")
-    from shmcoll import kernels
-
-    if not kernels.supports(dt.name, op.kernel):
+    if not kernel_abi.supports(dt.name, op.kernel):
         raise ValueError(f"reduce op {op.name.upper()} is not defined for {dtype} tensors")
     return op, dt
 

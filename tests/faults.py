@@ -38,9 +38,9 @@ import torch.distributed as dist
 
 import shmcoll  # noqa: F401  (registers "shm")
 import shmcoll.backend  # noqa: F401  (what the first shm group would import)
-from shmcoll import _segment, kernels
+from shmcoll import _segment, kernel_library
 
-kernels.warm()  # in the forkserver: once, before any fork
+kernel_library.warm()  # in the forkserver: once, before any fork
 torch.set_num_threads(1)
 
 R = dist.ReduceOp

@@ -700,3 +700,17 @@ def in_place_overlap(cases):
             _equal(out, reference_reduce(inputs, "sum", torch.float32)[rank * count:(rank + 1) * count], case)
 
         cases.run(case, scatter_in_place)
+
+
+def no_numba_after_init(cases):
+    """With the kernel library built, a group and reductions of every dtype never import Numba."""
+    import sys
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int8, torch.bool):
+        t = torch.ones(1000, dtype=dtype)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if dtype == torch.bool else dist.ReduceOp.SUM)
+        expected = torch.ones(1000, dtype=dtype) * (1 if dtype == torch.bool else world)
+        cases.check(f"no_numba/{dtype}", torch.equal(t, expected), f"rank {rank}: {t[:4].tolist()}")
+    loaded = sorted(name for name in sys.modules if name == "numba" or name.startswith(("numba.", "llvmlite")))
+    cases.check("no_numba/modules", not loaded, f"rank {rank} imported {loaded[:5]}")

@@ -41,7 +41,7 @@ def test_info_command_runs_without_torchrun():
     out = subprocess.run([sys.executable, "-m", "shmcoll", "info"], capture_output=True, text=True, timeout=120,
                          cwd="/", env={**os.environ, "SHMCOLL_CHUNK_BYTES": "1M"})
     assert out.returncode == 0, out.stderr
-    for expected in ("torch entry point", "shmcoll._autoload:register", "/dev/shm", "kernel cache"):
+    for expected in ("torch entry point", "shmcoll._autoload:register", "/dev/shm", "kernel library"):
         assert expected in out.stdout, (expected, out.stdout)
     lines = {line.split()[0]: line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
     assert lines["$SHMCOLL_CHUNK_BYTES"] == "1M" and lines["chunk_bytes"] == "1048576", out.stdout

@@ -13,7 +13,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from shmcoll import _segment, arena as arena_module, kernels
+from shmcoll import _segment, arena as arena_module, kernel_library, kernels
 from shmcoll.algorithms import allreduce, reduce_scatter
 
 CHUNK = 4096
@@ -64,7 +64,7 @@ def _inputs(size, count, dtype, seed):
 def test_chunked_all_reduce_and_reduce_resume_anywhere(size, dtype, root, monkeypatch):
     segment, handles = _arenas(size, monkeypatch)
     itemsize = np.dtype(dtype).itemsize
-    entry = kernels.entry_point(np.dtype(dtype).name)
+    entry = kernel_library.entry_point(np.dtype(dtype).name)
     # 0 and 1 element shares, odd counts, several chunks, and a count not divisible by the ranks.
     counts = [1, 2, 7, CHUNK // itemsize, 3 * CHUNK // itemsize + 5, 10 * CHUNK // itemsize - 1]
     inputs = {c: _inputs(size, c, dtype, c) for c in counts}
@@ -93,7 +93,7 @@ def test_chunked_all_reduce_and_reduce_resume_anywhere(size, dtype, root, monkey
 @pytest.mark.parametrize("size", [2, 4])
 def test_one_shot_and_reduce_scatter_resume(size, monkeypatch):
     segment, handles = _arenas(size, monkeypatch)
-    entry = kernels.entry_point("float32")
+    entry = kernel_library.entry_point("float32")
     block = 3 * CHUNK // (4 * size) + 1  # several steps of pieces, the last one short
     small = _inputs(size, 5, np.float32, 1)
     scattered = _inputs(size, block * size, np.float32, 2)
@@ -123,7 +123,7 @@ def test_mismatch_is_raised_after_a_resume(monkeypatch):
     from shmcoll.errors import CollectiveError
 
     segment, handles = _arenas(2, monkeypatch)
-    entry = kernels.entry_point("float32")
+    entry = kernel_library.entry_point("float32")
     data = [np.ones(4 * CHUNK, np.float32) for _ in range(2)]
     raised = []
 
