@@ -120,7 +120,11 @@ def library_path() -> str:
 
 
 def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    """$CC if set (and found), else the first of cc, gcc, clang; None, before any compiling, if none is."""
+    configured = os.environ.get("CC")
+    if configured:
+        return shutil.which(configured)
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
 def build(path: str) -> None:
@@ -131,7 +135,7 @@ def build(path: str) -> None:
 
     compiler = _compiler()
     if compiler is None:
-        raise RuntimeError("no C compiler (cc, gcc or clang) to link the kernel library")
+        raise RuntimeError(f"no C compiler ({os.environ.get('CC') or 'cc, gcc or clang'}) to link the kernel library")
     modules = []
     for dtype in kernel_abi.DTYPES:
         entry = kernels.compile_entry(dtype)
