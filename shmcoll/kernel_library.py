@@ -199,7 +199,6 @@ def warm() -> None:
                      path, type(error).__name__, error)
         from shmcoll import kernels
 
-        kernels.warm()
         _addresses.update({dtype: kernels.entry_point(dtype) for dtype in kernel_abi.DTYPES})
 
 

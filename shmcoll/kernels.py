@@ -73,9 +73,9 @@ compile again (compilation is disabled on them).
 
 Collectives call C entry points of the same kernels instead. ``kernel_library``
 compiles them (``compile_entry``) into one native library that later processes
-load without importing Numba (~1 ms instead of ~0.5 s); ``entry_point()`` and
-``warm()`` here are its fallback, Numba's JIT with its on-disk cache (10
-compilations, ~9 s cold on a 2-core EPYC).  That cache is numba's:
+load without importing Numba (~1 ms instead of ~0.5 s); ``entry_point()`` here
+is its fallback, Numba's JIT with its on-disk cache (10 compilations, ~9 s
+cold on a 2-core EPYC).  That cache is numba's:
 ``NUMBA_CACHE_DIR`` if set, else ``shmcoll/__pycache__/`` next to this file if
 writeable, else ``~/.cache/numba``-style user-wide directories, keyed by this
 file's mtime/size, the Python version and the host CPU name/features.
@@ -94,7 +94,7 @@ from shmcoll.kernel_abi import AVG, BAND, BOR, BXOR, DTYPES, MAX, MIN, PRODUCT, 
 
 __all__ = [
     "SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG",
-    "DTYPES", "NUMPY_DTYPES", "reducer", "supports", "warm",
+    "DTYPES", "NUMPY_DTYPES", "compile_entry", "entry_point", "reducer", "supports",
 ]
 
 
@@ -825,30 +825,18 @@ def _make_entry(family, np_dtype, cache: bool):
     return cfunc(_ENTRY_SIG, nopython=True, nogil=True, cache=cache)(entry)
 
 
-def _build_entry(dtype: str):
+def _build_entry(dtype: str, cache: bool = True):
     family, _ = _SPECS[dtype]
-    return _make_entry(family, NUMPY_DTYPES[dtype], cache=True)
+    return _make_entry(family, NUMPY_DTYPES[dtype], cache)
 
 
 def compile_entry(dtype: str):
     """A freshly compiled entry point of dtype (not from Numba's cache, so its LLVM IR is
     at hand: ``.inspect_llvm()``, symbol ``.native_name``), for kernel_library."""
-    if dtype not in _SPECS:
-        raise ValueError(f"shmcoll.kernels: unsupported dtype {dtype!r}")
-    family, _ = _SPECS[dtype]
-    return _make_entry(family, NUMPY_DTYPES[dtype], cache=False)
+    return _build_entry(dtype, cache=False)
 
 
 def entry_point(dtype: str) -> int:
     """Address of the C entry point of dtype's kernel (compiled or loaded from cache on first use)."""
     return _once(_entries, dtype, _build_entry).address
 
-
-def warm() -> None:
-    """Compile (or load from the on-disk cache) every entry point now, so no collective ever compiles.
-
-    Collectives call only the entry points; ``reducer()`` compiles its array
-    form on first use (tests and benchmarks call kernels on arrays).
-    """
-    for dtype in DTYPES:
-        entry_point(dtype)

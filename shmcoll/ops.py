@@ -74,8 +74,8 @@ def _op_table():
     return {t: Op(name, kern, avg, code) for code, (t, name, kern, avg) in enumerate(table, start=1)}
 
 
-_OPS: dict | None = None
-_OP_NAME_BY_CODE: dict[int, str] = {}
+_OPS = _op_table()
+_OP_NAME_BY_CODE = {o.code: o.name for o in _OPS.values()}
 
 
 def reduce_op(redop, dtype: torch.dtype) -> tuple[Op, DType]:
@@ -83,10 +83,6 @@ def reduce_op(redop, dtype: torch.dtype) -> tuple[Op, DType]:
 
     PREMUL_SUM(factor) resolves to SUM; ``premul_factor`` gives its factor.
     """
-    global _OPS
-    if _OPS is None:
-        _OPS = _op_table()
-        _OP_NAME_BY_CODE.update({o.code: o.name for o in _OPS.values()})
     kind = redop if isinstance(redop, ReduceOp.RedOpType) else redop.op
     op = _OPS.get(kind)
     if op is None:
