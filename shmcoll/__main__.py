@@ -24,7 +24,7 @@ def _warm(_args) -> int:
     from shmcoll import kernel_abi, kernel_library
 
     start = time.perf_counter()
-    kernel_library.warm()
+    kernel_library.warm(retry=True)  # asked for explicitly: try again even if an earlier build failed
     where = kernel_library.loaded_from() or "Numba's JIT (no native library could be built; see INFO log)"
     print(f"shmcoll: {len(kernel_abi.DTYPES)} reduction kernels ready in {time.perf_counter() - start:.1f} s: {where}")
     return 0
@@ -62,8 +62,14 @@ def _info(_args) -> int:
         rows.append((f"arena for {ranks} local ranks",
                      f"{layout(ranks, settings.chunk_bytes, settings.p2p_bytes).total / 2**20:.1f} MiB"))
     library = kernel_library.library_path()
-    warm = os.path.exists(library)
-    rows.append(("kernel library", f"{library} ({'warm' if warm else 'cold: first group compiles, ~10 s'})"))
+    failed = kernel_library.earlier_failure(library)
+    if os.path.exists(library):
+        state = "warm"
+    elif failed is not None:
+        state = f"a build failed: {failed}; jobs use Numba's JIT until `python -m shmcoll warm` succeeds"
+    else:
+        state = "cold: first group compiles, ~10 s"
+    rows.append(("kernel library", f"{library} ({state})"))
     for field in ("chunk_bytes", "small_bytes", "p2p_bytes", "spin_us", "yield_us"):
         value = getattr(settings, field)
         rows.append((f"  {field}", "auto" if value is None else str(value)))

@@ -21,6 +21,10 @@ with a message instead of failing to load.
 
 When no library can be built (no C compiler), ``entry_point`` falls back to
 Numba's JIT and its on-disk cache, as before: slower start-up, same kernels.
+A build that fails for any other reason (the linker refuses the object, say)
+leaves ``<library>.failed`` with the error, so that later processes fall back
+at once instead of each compiling for ten seconds to fail the same way;
+``python -m shmcoll warm`` tries again.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ import threading
 from shmcoll import kernel_abi
 from shmcoll._logging import log
 
-__all__ = ["entry_point", "warm", "library_path", "loaded_from", "build"]
+__all__ = ["entry_point", "warm", "library_path", "loaded_from", "build", "earlier_failure", "failure_path"]
 
 _SYMBOL = "shmcoll_reduce_{}"
 
@@ -119,6 +123,25 @@ def library_path() -> str:
     return os.path.join(_cache_dir(), f"kernels-{digest.hexdigest()[:20]}.so")
 
 
+class NoCompilerError(RuntimeError):
+    """No C compiler to link the library with (found before compiling anything, so not worth recording)."""
+
+
+def failure_path(path: str) -> str:
+    """The marker a failed build of the library at ``path`` leaves (its text is the error)."""
+    return path + ".failed"
+
+
+def _record_failure(path: str, error: BaseException) -> None:
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), prefix=".kernels-failed-",
+                                         delete=False) as f:
+            f.write(f"{type(error).__name__}: {error}\n")
+        os.replace(f.name, failure_path(path))
+    except OSError:  # an unwritable cache directory: every process will try (and fail) again
+        pass
+
+
 def _compiler() -> str | None:
     """$CC if set (and found), else the first of cc, gcc, clang; None, before any compiling, if none is."""
     configured = os.environ.get("CC")
@@ -135,7 +158,7 @@ def build(path: str) -> None:
 
     compiler = _compiler()
     if compiler is None:
-        raise RuntimeError(f"no C compiler ({os.environ.get('CC') or 'cc, gcc or clang'}) to link the kernel library")
+        raise NoCompilerError(f"no C compiler ({os.environ.get('CC') or 'cc, gcc or clang'}) to link the kernel library")
     modules = []
     for dtype in kernel_abi.DTYPES:
         entry = kernels.compile_entry(dtype)
@@ -181,8 +204,20 @@ def _load(path: str) -> dict[str, int]:
     return addresses
 
 
-def warm() -> None:
-    """Make every entry point callable: load the library, else build it, else use Numba's JIT."""
+def earlier_failure(path: str) -> str | None:
+    """The error an earlier build of the library at ``path`` recorded, if one did."""
+    try:
+        with open(failure_path(path)) as f:
+            return f.read().strip() or "unknown error"
+    except OSError:
+        return None
+
+
+def warm(retry: bool = False) -> None:
+    """Make every entry point callable: load the library, else build it, else use Numba's JIT.
+
+    A build that failed before is not tried again unless ``retry``.
+    """
     if _addresses:
         return
     with _lock:
@@ -191,7 +226,20 @@ def warm() -> None:
         path = library_path()
         try:
             if not os.path.exists(path):
-                build(path)
+                failed = None if retry else earlier_failure(path)
+                if failed is not None:
+                    raise RuntimeError(f"an earlier build failed ({failed}); `python -m shmcoll warm` tries again")
+                try:
+                    build(path)
+                except NoCompilerError:
+                    raise
+                except Exception as error:
+                    _record_failure(path, error)
+                    raise
+                try:
+                    os.unlink(failure_path(path))
+                except OSError:
+                    pass
             _addresses.update(_load(path))
             return
         except Exception as error:  # no compiler, read-only cache, odd toolchain: the JIT still works

@@ -83,3 +83,41 @@ def test_without_a_compiler_the_jit_kernels_are_used(tmp_path):
     assert "sum [2.0, 3.0, 4.0, 5.0, 6.0]" in out.stdout, out.stdout
     assert "using Numba's JIT kernels" in out.stdout, out.stdout
     assert not list(tmp_path.glob("kernels-*.so"))
+
+
+def test_a_failed_build_is_recorded_and_tried_again_only_on_request(tmp_path):
+    """A link that fails leaves <library>.failed; later processes fall back without compiling; `warm` retries."""
+    warm = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+        "from shmcoll import kernel_library\n"
+        "if sys.argv[1] == 'no-build':\n"
+        "    def build(path): sys.exit('build() called although an earlier build failed')\n"
+        "    kernel_library.build = build\n"
+        "kernel_library.warm()\n"
+        "print('loaded from', kernel_library.loaded_from())\n"
+        "print('sum', kernel_library.entry_point('float32') > 0)\n"
+    )
+    failing = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "CC": "false"}  # found, and every link fails
+
+    def run(*argv, env):
+        out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=600)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    first = run("-c", warm, "build", env=failing)
+    assert "linking the kernel library failed" in first and "loaded from None" in first, first
+    [marker] = tmp_path.glob("kernels-*.so.failed")
+    assert "linking the kernel library failed" in marker.read_text()
+    assert not list(tmp_path.glob("kernels-*.so"))
+
+    second = run("-c", warm, "no-build", env=failing)
+    assert "an earlier build failed" in second and "loaded from None" in second, second
+
+    info = run("-m", "shmcoll", "info", env=failing)
+    assert "a build failed" in info, info
+
+    fixed = {key: value for key, value in failing.items() if key != "CC"}
+    third = run("-m", "shmcoll", "warm", env=fixed)
+    assert str(tmp_path) in third, third
+    assert list(tmp_path.glob("kernels-*.so")) and not list(tmp_path.glob("kernels-*.so.failed"))
