@@ -770,6 +770,7 @@ class ProcessGroupShm(dist.ProcessGroup):
     # -- point-to-point ------------------------------------------------------
 
     def _peer(self, peer: int, what: str) -> int:
+        self._check_usable()  # like every collective: after an error, peers may be anywhere
         if not 0 <= peer < self._size:
             raise ValueError(f"{what}: rank {peer} is not in this group of {self._size} ranks")
         if peer == self._rank:
@@ -796,6 +797,7 @@ class ProcessGroupShm(dist.ProcessGroup):
     @_route_devices
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
         tensor = self._one_tensor(tensors, "recv")
+        self._check_usable()
         if self._gloo is not None:
             return self._gloo.recv_anysource([tensor], tag)
         if self._size == 1:

@@ -65,6 +65,8 @@ def peer_dies(cases, victim: str, op: str):
                   lambda: dist.all_reduce(torch.ones(0), group=group))
         cases.run("all_to_all_single refused (flat Gloo)", refused, "all_to_all_single",
                   lambda: dist.all_to_all_single(torch.empty(world), torch.ones(world), group=group))
+        cases.run("send refused (Gloo across nodes)", refused, "send",
+                  lambda: dist.send(torch.ones(3), dst=(rank + 1) % world, group=group))
 
     folder = os.path.dirname(os.environ["SHMCOLL_TEST_REPORT"])
     survivors = [r for r in range(world) if r != victim]
