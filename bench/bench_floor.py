@@ -114,11 +114,12 @@ def main() -> int:
         print("|:--|:--|--:|")
         for r in rows:
             print(f"| {r['backend']} | `{r['call']}` | {r['us']:.2f} |")
-        beyond = us[("shm", "dist.all_reduce(x)")] - us[("noop", "dist.all_reduce(x)")]
-        print(f"\nshm's own work beyond a no-op Python backend: {beyond:.2f} us "
-              f"(called directly: {us[('shm', 'group.allreduce([x], opts)')] - us[('noop', 'group.allreduce([x], opts)')]:.2f} us); "
-              f"a backend that does nothing pays {us[('noop', 'dist.all_reduce(x)')]:.2f} us (Python) or "
-              f"{us[('fake', 'dist.all_reduce(x)')]:.2f} us (C++ fake) through dist.all_reduce")
+        wrapped, direct = "dist.all_reduce(x)", "group.allreduce([x], opts)"
+        beyond = us[("shm", wrapped)] - us[("noop", wrapped)]
+        beyond_direct = us[("shm", direct)] - us[("noop", direct)]
+        print(f"\nshm's own work beyond a no-op Python backend: {beyond:.2f} us (called directly: "
+              f"{beyond_direct:.2f} us); a backend that does nothing pays {us[('noop', wrapped)]:.2f} us "
+              f"(Python) or {us[('fake', wrapped)]:.2f} us (C++ fake) through dist.all_reduce")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"bench": "floor", "config": vars(args), "world_size": world, "cpus": os.cpu_count(),
