@@ -102,10 +102,10 @@ def _route_devices(method):
 def _check_tensor(tensor, what: str) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise ValueError(f"{what}: the shm backend handles CPU tensors only, got a tensor on {tensor.device}; "
                          f"use init_process_group('cpu:shm,cuda:nccl') to route device tensors elsewhere")
-    if tensor.layout != torch.strided:
+    if tensor.layout is not _STRIDED:
         raise ValueError(f"{what}: the shm backend handles dense tensors only, got layout {tensor.layout}")
 
 
@@ -484,8 +484,9 @@ class ProcessGroupShm(dist.ProcessGroup):
         if self._size == 1:
             self._reduce_scatter_local(output, input, opts)
             return CompletedWork([output])
-        return self._reduce_scatter_flat(output, input.reshape(-1) if input.is_contiguous() else
-                                         input.contiguous().reshape(-1), opts, [output])
+        # Only its data is read, so it is not flattened (reshape costs a microsecond).
+        return self._reduce_scatter_flat(output, input if input.is_contiguous() else input.contiguous(), opts,
+                                         [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -497,6 +498,7 @@ class ProcessGroupShm(dist.ProcessGroup):
             output.mul_(scale)
 
     def _reduce_scatter_flat(self, output, flat_input, opts, result):
+        """``flat_input``: a contiguous tensor of L x output's elements (any shape)."""
         redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         op, dtype, kernel, scale, out_view = self._reduction(redop, output, "reduce_scatter")
         if flat_input.is_complex():
