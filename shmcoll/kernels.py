@@ -456,8 +456,7 @@ def _reduce_float(out, first, rows, op, scale):
     # accumulator: 10-25% faster (float16: 1.6x). The collectives always reduce into a
     # separate buffer. An output that is also an input keeps the accumulator loops below:
     # LLVM's runtime alias check would send this one to its scalar fallback (up to 7x slower).
-    separate = _separate(out, first, rows)
-    if op == SUM and 1 <= k <= 3 and not do_scale and not divide and separate:
+    if op == SUM and not divide and not do_scale and 1 <= k <= 3 and _separate(out, first, rows):
         p0 = _row_ptr(rows, 0)
         if k == 1:
             for i in range(n):
@@ -539,8 +538,7 @@ def _reduce_f16(out, first, rows, op, scale):
     do_scale = op == SUM and scale != 1.0
     done = 0
     # one pass for a plain SUM into a separate output, as in _reduce_float
-    separate = _separate(out, first, rows)
-    if op == SUM and 1 <= k <= 3 and not do_scale and not divide and separate:
+    if op == SUM and not divide and not do_scale and 1 <= k <= 3 and _separate(out, first, rows):
         p0 = _row_ptr(rows, 0)
         if k == 1:
             for i in range(n):
@@ -629,8 +627,7 @@ def _reduce_bf16(out, first, rows, op, scale):
     done = 0
     # one pass for two ranks' SUM into a separate output, as in _reduce_float (with three or
     # more rows the accumulator loops below measured 5-8% faster for bfloat16)
-    separate = _separate(out, first, rows)
-    if op == SUM and k == 1 and not do_scale and not divide and separate:
+    if op == SUM and not divide and not do_scale and k == 1 and _separate(out, first, rows):
         q0 = _row_ptr(rows, 0)
         for p in range(npairs):
             a = _ld_pair(pf, p)
