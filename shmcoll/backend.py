@@ -130,7 +130,6 @@ class ProcessGroupShm(dist.ProcessGroup):
         self._desc = 0  # descriptor of the collective in progress
         self._plans: dict = {}  # (reduce op kind, dtype) -> resolved reduction
         self._small: dict | None = None  # (reduce op value, dtype) -> small all-reduce plan, on one node
-        self._done = CompletedWork()  # returned by every synchronous small all-reduce
         self._engine = ProgressEngine(f"rank{rank}")
         self._node_arena = None  # this rank's node arena (single node or hierarchy), if it has one
         self._inline_waits = None  # that arena's own (spin ns, yield ns)
@@ -363,10 +362,7 @@ class ProcessGroupShm(dist.ProcessGroup):
         except ShmcollError as error:
             self._error = error
             raise
-        # A synchronous call's Work is only waited on, never kept: one object serves them all.
-        done = self._done
-        done._result = tensors
-        return done
+        return self._engine.completed(tensors)
 
     def _plan_small(self, kind, dtype) -> None:
         """Admit (kind, dtype) to the small all-reduce path once its reduction is planned."""

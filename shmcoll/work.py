@@ -124,14 +124,23 @@ class ProgressEngine:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.on_thread = False  # the collective running now runs on the progress thread
-        # What every synchronous inline call returns: torch's wrapper only waits on such a Work and
-        # drops it, and making a new one (a pybind object) costs about a microsecond per call.
-        self._done = CompletedWork()
+        self._completed = CompletedWork()  # see completed()
 
     def busy(self) -> bool:
         """Something is queued or running. Read without the lock: only the issuing thread
         queues work, so from its point of view an idle engine stays idle."""
         return self._running or bool(self._queue)
+
+    def completed(self, result, source: int | None = None) -> CompletedWork:
+        """The Work of a synchronous call that finished inline: one object, reused.
+
+        torch's wrapper only waits on such a Work and drops it, and making a new one
+        (a pybind object) costs about a microsecond per call.
+        """
+        done = self._completed
+        done._result = result if result is not None else []
+        done._source = -1 if source is None else source
+        return done
 
     def execute(self, run, result, async_op: bool, describe):
         """Run ``run()`` (which may return a source rank) in order; return its Work."""
@@ -147,10 +156,7 @@ class ProgressEngine:
                     self._running = False
                     if self._waiters:
                         self._cv.notify_all()
-            done = self._done
-            done._result = result if result is not None else []
-            done._source = -1 if source is None else source
-            return done
+            return self.completed(result, source)
         work = AsyncWork(result, describe())
         with self._cv:
             if self._closed:
