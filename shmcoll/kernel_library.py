@@ -28,6 +28,7 @@ at once instead of each compiling for ten seconds to fail the same way;
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib.util
@@ -213,6 +214,22 @@ def earlier_failure(path: str) -> str | None:
         return None
 
 
+def _build_recording_failure(path: str, retry: bool) -> None:
+    """``build(path)``, unless an earlier build failed (and not ``retry``); a failure leaves its marker."""
+    failed = None if retry else earlier_failure(path)
+    if failed is not None:
+        raise RuntimeError(f"an earlier build failed ({failed}); `python -m shmcoll warm` tries again")
+    try:
+        build(path)
+    except NoCompilerError:
+        raise  # found before compiling anything: cheap to find again, and a compiler may be installed later
+    except Exception as error:
+        _record_failure(path, error)
+        raise
+    with contextlib.suppress(OSError):
+        os.unlink(failure_path(path))
+
+
 def warm(retry: bool = False) -> None:
     """Make every entry point callable: load the library, else build it, else use Numba's JIT.
 
@@ -226,20 +243,7 @@ def warm(retry: bool = False) -> None:
         path = library_path()
         try:
             if not os.path.exists(path):
-                failed = None if retry else earlier_failure(path)
-                if failed is not None:
-                    raise RuntimeError(f"an earlier build failed ({failed}); `python -m shmcoll warm` tries again")
-                try:
-                    build(path)
-                except NoCompilerError:
-                    raise
-                except Exception as error:
-                    _record_failure(path, error)
-                    raise
-                try:
-                    os.unlink(failure_path(path))
-                except OSError:
-                    pass
+                _build_recording_failure(path, retry)
             _addresses.update(_load(path))
             return
         except Exception as error:  # no compiler, read-only cache, odd toolchain: the JIT still works
