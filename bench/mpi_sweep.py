@@ -6,10 +6,10 @@
         --json results/mpi-2ranks.json                # starts mpirun itself
     .venv/bin/python bench/plot.py results/sweep-2ranks.json results/mpi-2ranks.json plot.png
 
-A separate job after bench/sweep.py, not interleaved with it (see shmcoll/sweep_mpi.py, where
+A separate job after bench/sweep.py, not interleaved with it (see src/shmcoll/bench/mpi.py, where
 the code lives, for why and for the method); ``--help`` lists the options.
 """
 import runpy
 
 if __name__ == "__main__":
-    runpy.run_module("shmcoll.sweep_mpi", run_name="__main__", alter_sys=True)
+    runpy.run_module("shmcoll.bench.mpi", run_name="__main__", alter_sys=True)

@@ -18,7 +18,7 @@ SETTINGS=(--step 8 --rounds 3 --iters-time 0.1)
 .venv/bin/torchrun --nproc_per_node="$NPROC" bench/sweep.py "${SETTINGS[@]}" \
     --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast \
     --json "results/sweep-${NPROC}ranks.json" "$@"
-# A separate job (torchrun's processes cannot form an MPI communicator; see shmcoll/sweep_mpi.py).
+# A separate job (torchrun's processes cannot form an MPI communicator; see src/shmcoll/bench/mpi.py).
 inputs=("results/sweep-${NPROC}ranks.json")
 rm -f "results/mpi-${NPROC}ranks.json"
 if .venv/bin/python bench/mpi_sweep.py --nproc "$NPROC" "${SETTINGS[@]}" \

@@ -1,4 +1,4 @@
-"""The examples in bench/ run as their docstrings say, and give the same results on shm and on Gloo.
+"""The examples in examples/ run as their docstrings say, and give the same results on shm and on Gloo.
 
 Each example runs through torchrun at 2 ranks, once per backend, with settings
 small enough that a run costs little more than starting the ranks (about 5 s
@@ -24,19 +24,19 @@ BACKENDS = ("shm", "gloo")
 LOSS_RTOL = 1e-5
 
 TINY = {
-    "example_ddp.py": ["--steps", "3", "--warmup", "1", "--batch", "8", "--hidden", "64", "--layers", "3"],
-    "example_fsdp2.py": ["--steps", "3", "--warmup", "1", "--batch", "2", "--seq", "16", "--dim", "64",
+    "ddp.py": ["--steps", "3", "--warmup", "1", "--batch", "8", "--hidden", "64", "--layers", "3"],
+    "fsdp2.py": ["--steps", "3", "--warmup", "1", "--batch", "2", "--seq", "16", "--dim", "64",
                          "--layers", "2", "--heads", "2", "--vocab", "64"],
-    "example_tp_inference.py": ["--tokens", "4", "--warmup", "1", "--layers", "2", "--hidden", "128",
+    "tp_inference.py": ["--tokens", "4", "--warmup", "1", "--layers", "2", "--hidden", "128",
                                 "--batch", "2"],
 }
 
 
 def run_example(script: str, backend: str, tmp_path) -> tuple[dict, str]:
-    """Run ``bench/<script>`` under torchrun the way a user would; return its JSON results and rank 0's output."""
+    """Run ``examples/<script>`` under torchrun the way a user would; return its JSON results and rank 0's output."""
     results = tmp_path / f"{script}-{backend}.json"
     command = [TORCHRUN, f"--nproc_per_node={WORLD_SIZE}", "--master_port", str(free_port()),
-               os.path.join("bench", script), "--backend", backend, "--json", str(results), *TINY[script]]
+               os.path.join("examples", script), "--backend", backend, "--json", str(results), *TINY[script]]
     out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"{' '.join(command)} exited {out.returncode}:\n{out.stdout}\n{out.stderr[-4000:]}"
     assert results.exists(), f"{script} --backend {backend} wrote no {results}:\n{out.stdout}"
@@ -45,7 +45,7 @@ def run_example(script: str, backend: str, tmp_path) -> tuple[dict, str]:
     return data, out.stdout
 
 
-@pytest.mark.parametrize("script, name", [("example_ddp.py", "ddp"), ("example_fsdp2.py", "fsdp2")])
+@pytest.mark.parametrize("script, name", [("ddp.py", "ddp"), ("fsdp2.py", "fsdp2")])
 def test_training_example_gives_the_same_losses_on_both_backends(script, name, tmp_path):
     runs = {backend: run_example(script, backend, tmp_path) for backend in BACKENDS}
     for backend, (data, stdout) in runs.items():
@@ -60,7 +60,7 @@ def test_training_example_gives_the_same_losses_on_both_backends(script, name, t
 
 def test_tensor_parallel_example_passes_its_check_on_both_backends(tmp_path):
     for backend in BACKENDS:
-        data, stdout = run_example("example_tp_inference.py", backend, tmp_path)
+        data, stdout = run_example("tp_inference.py", backend, tmp_path)
         assert data["check"]["passed"] and data["check"]["rel_error"] <= data["check"]["tolerance"], data
         assert "check against the single-rank computation: ok" in stdout, stdout
         assert f"tp_inference {backend:>4} world={WORLD_SIZE}:" in stdout, stdout

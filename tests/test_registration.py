@@ -66,8 +66,9 @@ def test_every_package_directory_is_packaged():
 
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
-    found = {os.path.relpath(root, REPO).replace(os.sep, ".")
-             for root, _, files in os.walk(os.path.join(REPO, "shmcoll")) if "__init__.py" in files}
+    src = os.path.join(REPO, "src")
+    found = {os.path.relpath(root, src).replace(os.sep, ".")
+             for root, _, files in os.walk(os.path.join(src, "shmcoll")) if "__init__.py" in files}
     assert listed == found, f"pyproject.toml lists {sorted(listed)}, the tree has {sorted(found)}"
 
 
@@ -78,7 +79,7 @@ def test_every_variable_is_documented():
     from tests.harness import REPO
 
     used = set()
-    for path in (REPO / "shmcoll").rglob("*.py"):
+    for path in (REPO / "src" / "shmcoll").rglob("*.py"):
         used |= set(re.findall(r"SHMCOLL_[A-Z_]+[A-Z]", path.read_text()))
     table = {m for m in re.findall(r"^\| `(SHMCOLL_[A-Z_]+)`", (REPO / "README.md").read_text(), re.M)}
     assert used and used <= table, f"undocumented: {sorted(used - table)}"

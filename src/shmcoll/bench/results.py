@@ -1,6 +1,6 @@
 """Sweep result documents: load, merge and print them (no matplotlib).
 
-shmcoll.sweep (torch backends, under torchrun) and shmcoll.sweep_mpi (MPI, under mpirun) run
+shmcoll.bench.sweep (torch backends, under torchrun) and shmcoll.bench.mpi (MPI, under mpirun) run
 as separate jobs but write the same JSON layout: ``config.backends`` (labels) and ``rows``,
 one per (op, dtype, bytes), each with ``results[label]`` (``status``, ``lat_us``,
 ``algbw_gbps``, ``busbw_gbps``, ...).  ``merge`` joins such documents on (op, dtype, bytes) so
@@ -105,7 +105,7 @@ def _largest_vs_memcpy(doc: dict, labels: list[str]) -> list[dict]:
 def print_comparison(doc: dict, out, only_with: str | None = None) -> None:
     """Latency of every backend and the ratios to the first, one Markdown row per point;
     ``only_with`` keeps the rows where that backend has a result (MPI: float32 only)."""
-    from shmcoll.sweep import fmt_bytes, fmt_us  # imported here: shmcoll.sweep imports torch
+    from shmcoll.bench.sweep import fmt_bytes, fmt_us  # imported here: shmcoll.bench.sweep imports torch
 
     labels = doc["config"]["backends"]
     base = labels[0]

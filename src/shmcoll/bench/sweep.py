@@ -3,14 +3,14 @@
 
 Run under torchrun, e.g.::
 
-    torchrun --nproc_per_node=4 -m shmcoll.sweep                    # shm vs gloo, full sweep
-    torchrun --nproc_per_node=2 -m shmcoll.sweep --quick            # smoke test (< 20 s)
-    torchrun --nproc_per_node=2 -m shmcoll.sweep --backends gloo,gloo --quick   # shm not used
-    torchrun --nproc_per_node=4 -m shmcoll.sweep --json results.json && \\
-        python -m shmcoll.sweep_plot results.json results.png
+    torchrun --nproc_per_node=4 -m shmcoll.bench.sweep                    # shm vs gloo, full sweep
+    torchrun --nproc_per_node=2 -m shmcoll.bench.sweep --quick            # smoke test (< 20 s)
+    torchrun --nproc_per_node=2 -m shmcoll.bench.sweep --backends gloo,gloo --quick   # shm not used
+    torchrun --nproc_per_node=4 -m shmcoll.bench.sweep --json results.json && \\
+        python -m shmcoll.bench.plot results.json results.png
 
 ``bench/sweep.py`` in the repository runs this module (``torchrun ... bench/sweep.py``), and
-``python -m shmcoll bench`` launches it, adds Open MPI (shmcoll.sweep_mpi) and draws the plot.
+``python -m shmcoll bench`` launches it, adds Open MPI (shmcoll.bench.mpi) and draws the plot.
 The sweep ships inside the package, rather than only in the repository's bench/, so that an
 installed shmcoll can measure the machine it is installed on.
 
@@ -434,7 +434,7 @@ def build_sizes(args) -> list:
 
 
 def add_size_and_timing_arguments(p: argparse.ArgumentParser) -> None:
-    """The options that choose what is measured and how long; shmcoll.sweep_mpi takes the same
+    """The options that choose what is measured and how long; shmcoll.bench.mpi takes the same
     ones, so both sweeps of one ``python -m shmcoll bench`` measure identical points."""
     p.add_argument("--ops", default=",".join(ALL_OPS), help="comma list (default: all four)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma list (default: float32,bfloat16)")
@@ -642,7 +642,7 @@ def main(argv=None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     if "WORLD_SIZE" not in os.environ or "MASTER_ADDR" not in os.environ:
         print("error: run me under torchrun, e.g. "
-              "torchrun --nproc_per_node=2 -m shmcoll.sweep --quick", file=sys.stderr)
+              "torchrun --nproc_per_node=2 -m shmcoll.bench.sweep --quick", file=sys.stderr)
         return EXIT_BACKEND
 
     labels, groups, ctrl = init_groups(args, rank)

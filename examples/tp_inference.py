@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tensor-parallel bfloat16 decoding, as CPU LLM serving does it: an example of the shm backend and a benchmark.
 
-    torchrun --nproc_per_node=2 bench/example_tp_inference.py --backend shm
-    torchrun --nproc_per_node=2 bench/example_tp_inference.py --backend gloo
+    torchrun --nproc_per_node=2 examples/tp_inference.py --backend shm
+    torchrun --nproc_per_node=2 examples/tp_inference.py --backend gloo
 
 Each of --layers layers is the MLP half of a transformer block, split over the
 ranks Megatron style:
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import example_common
+import _common
 
 EXIT_MISMATCH = 3
 # Allowed relative error (Frobenius norm of the difference over that of the
@@ -113,7 +113,7 @@ def check(model: TensorParallelMLP, x0: torch.Tensor, expected: torch.Tensor,
 
 
 def main() -> None:
-    p = example_common.parser(__doc__)
+    p = _common.parser(__doc__)
     p.add_argument("--tokens", type=int, default=64, help="timed decode steps (default 64)")
     p.add_argument("--warmup", type=int, default=8, help="untimed decode steps before them (default 8)")
     p.add_argument("--layers", type=int, default=8, help="layers, one all_reduce each (default 8)")
@@ -128,13 +128,13 @@ def main() -> None:
 
     dist.init_process_group(backend=args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    threads = example_common.set_threads(args.threads)
+    threads = _common.set_threads(args.threads)
 
     # The "prompt": the same hidden state on every rank, as after a replicated embedding.
     x0 = torch.randn(args.batch, args.hidden, generator=torch.Generator().manual_seed(args.seed)).to(torch.bfloat16)
     model, expected = build(args, rank, world, x0)
     shard_mb = sum(w.numel() * w.element_size() for pair in model.shards for w in pair) / 2**20
-    example_common.banner("tp_inference", args, threads,
+    _common.banner("tp_inference", args, threads,
                           f"{args.layers} layers, hidden {args.hidden}, ffn {args.ffn}, batch {args.batch}, "
                           f"bf16 weights {shard_mb:.0f} MiB/rank")
 
@@ -145,7 +145,7 @@ def main() -> None:
               f"(relative error {rel_error:.2e}, tolerance {tolerance:.1e})", flush=True)
     check_result = {"passed": passed, "rel_error": rel_error, "tolerance": tolerance}
     if not passed:
-        example_common.write_json(args.json, {"example": "tp_inference", "backend": args.backend,
+        _common.write_json(args.json, {"example": "tp_inference", "backend": args.backend,
                                               "world_size": world, "check": check_result})
         dist.destroy_process_group()
         sys.exit(EXIT_MISMATCH)
@@ -159,7 +159,7 @@ def main() -> None:
     for _ in range(args.tokens):
         x = model.step(x)
     elapsed = time.perf_counter() - start
-    elapsed, all_reduce_seconds = example_common.mean_over_ranks([elapsed, model.all_reduce_seconds])
+    elapsed, all_reduce_seconds = _common.mean_over_ranks([elapsed, model.all_reduce_seconds])
 
     results = {
         "example": "tp_inference", "backend": args.backend, "world_size": world, "threads": threads,
@@ -175,7 +175,7 @@ def main() -> None:
         print(f"tp_inference {args.backend:>4} world={world}: {results['tokens_per_s']:.1f} tokens/s "
               f"({results['step_ms']:.2f} ms/step), all_reduce {results['all_reduce_us']:.1f} us/layer, "
               f"{100 * results['all_reduce_share']:.1f}% of decode time, check ok", flush=True)
-    example_common.write_json(args.json, results)
+    _common.write_json(args.json, results)
     dist.destroy_process_group()
 
 

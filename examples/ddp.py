@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """DDP training of an MLP on synthetic data: an example of the shm backend and a small benchmark.
 
-    torchrun --nproc_per_node=2 bench/example_ddp.py --backend shm
-    torchrun --nproc_per_node=2 bench/example_ddp.py --backend gloo     # the same losses
+    torchrun --nproc_per_node=2 examples/ddp.py --backend shm
+    torchrun --nproc_per_node=2 examples/ddp.py --backend gloo     # the same losses
 
 Every rank draws its own batches from a generator seeded by (--seed, rank) and
 regresses the output of a fixed random "teacher" network, so the loss falls
@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import example_common
+import _common
 
 IN_FEATURES = 256
 OUT_FEATURES = 64
@@ -57,7 +57,7 @@ class Teacher:
 
 
 def main() -> None:
-    p = example_common.parser(__doc__)
+    p = _common.parser(__doc__)
     p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default 5)")
     p.add_argument("--batch", type=int, default=64, help="samples per rank per step (default 64)")
@@ -71,7 +71,7 @@ def main() -> None:
 
     dist.init_process_group(backend=args.backend)
     rank = dist.get_rank()
-    threads = example_common.set_threads(args.threads)
+    threads = _common.set_threads(args.threads)
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = DDP(mlp(args.hidden, args.layers))
@@ -80,7 +80,7 @@ def main() -> None:
     loss_fn = nn.MSELoss()
     teacher = Teacher(args.seed)
     data = torch.Generator().manual_seed(args.seed * 1_000_003 + rank)  # each rank its own stream
-    example_common.banner("ddp", args, threads,
+    _common.banner("ddp", args, threads,
                           f"MLP {args.layers}x{args.hidden} ({params / 1e6:.2f} M params), batch {args.batch}/rank")
 
     losses, step_seconds = [], []
@@ -96,9 +96,9 @@ def main() -> None:
         elapsed = time.perf_counter() - start
         if step >= args.warmup:
             step_seconds.append(elapsed)
-        example_common.record_step(losses, step, loss, elapsed, args, total)
+        _common.record_step(losses, step, loss, elapsed, args, total)
 
-    example_common.report_training("ddp", args, threads, params, step_seconds, losses)
+    _common.report_training("ddp", args, threads, params, step_seconds, losses)
     # Free the DDP model (its reducer holds the process group; reference cycles
     # keep it alive until a collection) while the interpreter is whole. Left to
     # interpreter shutdown, Gloo's group is destroyed there, and a rank may abort

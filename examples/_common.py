@@ -1,11 +1,11 @@
-"""What the three examples (example_ddp.py, example_tp_inference.py, example_fsdp2.py) share.
+"""What the three examples (ddp.py, tp_inference.py, fsdp2.py) share.
 
 The common options (--backend, --threads, --seed, --json), the thread count per
 rank, the timing summary taken over all ranks, and the JSON file. Each example
 still calls ``dist.init_process_group`` and ``dist.destroy_process_group``
 itself, so it reads like the script a user would write; this module only holds
 what would otherwise be copied three times. The examples import it as
-``example_common``: torchrun puts the script's folder (bench/) on sys.path.
+``_common``: torchrun puts the script's folder (examples/) on sys.path.
 """
 from __future__ import annotations
 

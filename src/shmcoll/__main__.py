@@ -84,7 +84,7 @@ def _info(_args) -> int:
 
 def _bench(args) -> int:
     """Measure shm against gloo (and Open MPI, if installed) on N local ranks; JSON and PNG."""
-    from shmcoll import sweep_mpi, sweep_results
+    from shmcoll.bench import mpi as sweep_mpi, results as sweep_results
 
     sweep_args = (QUICK_SWEEP if args.quick else STANDARD_SWEEP) + _passed_through(args.sweep_args)
     json_path = args.json or f"shmcoll-bench-{args.nproc}ranks.json"
@@ -94,7 +94,7 @@ def _bench(args) -> int:
         torch_json = os.path.join(scratch, "sweep.json")
         # --standalone: a free port of its own, so a concurrent torchrun job cannot collide.
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc_per_node", str(args.nproc), "-m", "shmcoll.sweep", *sweep_args, "--json", torch_json]
+                   "--nproc_per_node", str(args.nproc), "-m", "shmcoll.bench.sweep", *sweep_args, "--json", torch_json]
         print("+ " + " ".join(command), file=sys.stderr, flush=True)
         code = subprocess.call(command, env=env)  # the sweep prints one table row per point as it goes
         if code != 0 or not os.path.exists(torch_json):
@@ -123,12 +123,12 @@ def _bench(args) -> int:
         sweep_results.print_comparison(doc, sys.stdout, only_with=sweep_mpi.LABEL)
     print(f"\nwrote {json_path}")
     try:
-        from shmcoll import sweep_plot
+        from shmcoll.bench import plot as sweep_plot
 
         sweep_plot.plot(doc, png_path)
     except ImportError:
         print(f"no plot: matplotlib is not installed (pip install matplotlib, then "
-              f"python -m shmcoll.sweep_plot {json_path} {png_path})")
+              f"python -m shmcoll.bench.plot {json_path} {png_path})")
     else:
         print(f"wrote {png_path}")
     return 0
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench", help=_bench.__doc__, description=_bench.__doc__ + " The sweep of bench/run.sh "
         "(about 2 minutes at 2 ranks; --quick about 20 s), launched through torchrun; one table "
         "row per op, dtype and size as it completes. Arguments after -- go to the sweeps "
-        "(python -m shmcoll.sweep --help; the MPI sweep ignores the torch-only ones).")
+        "(python -m shmcoll.bench.sweep --help; the MPI sweep ignores the torch-only ones).")
     bench.add_argument("--nproc", type=int, default=2, help="local ranks (default 2)")
     bench.add_argument("--quick", action="store_true", help="4 sizes up to 1 MiB, short rounds")
     bench.add_argument("--no-mpi", action="store_true", help="skip the Open MPI comparison")

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """FSDP2 (fully_shard) training of a small transformer on CPU: an example of the shm backend and a benchmark.
 
-    torchrun --nproc_per_node=2 bench/example_fsdp2.py --backend shm
-    torchrun --nproc_per_node=2 bench/example_fsdp2.py --backend gloo
+    torchrun --nproc_per_node=2 examples/fsdp2.py --backend shm
+    torchrun --nproc_per_node=2 examples/fsdp2.py --backend gloo
 
 A decoder-only transformer (causal self-attention and an MLP per block) learns
 next-token prediction on synthetic sequences: arithmetic progressions modulo
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-import example_common
+import _common
 
 
 class Block(nn.Module):
@@ -85,7 +85,7 @@ def progressions(batch: int, seq: int, vocab: int, generator: torch.Generator) -
 
 
 def main() -> None:
-    p = example_common.parser(__doc__)
+    p = _common.parser(__doc__)
     p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before them (default 3)")
     p.add_argument("--batch", type=int, default=8, help="sequences per rank per step (default 8)")
@@ -102,7 +102,7 @@ def main() -> None:
 
     dist.init_process_group(backend=args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    threads = example_common.set_threads(args.threads)
+    threads = _common.set_threads(args.threads)
     mesh = init_device_mesh("cpu", (world,))
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank: fully_shard keeps each rank's slice
@@ -113,7 +113,7 @@ def main() -> None:
     fully_shard(model, mesh=mesh)  # the rest (embeddings, final norm, head)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     data = torch.Generator().manual_seed(args.seed * 1_000_003 + rank)  # each rank its own stream
-    example_common.banner("fsdp2", args, threads,
+    _common.banner("fsdp2", args, threads,
                           f"transformer {args.layers}x{args.dim} ({params / 1e6:.2f} M params), "
                           f"batch {args.batch}x{args.seq} tokens/rank")
 
@@ -129,10 +129,10 @@ def main() -> None:
         elapsed = time.perf_counter() - start
         if step >= args.warmup:
             step_seconds.append(elapsed)
-        example_common.record_step(losses, step, loss, elapsed, args, total)
+        _common.record_step(losses, step, loss, elapsed, args, total)
 
-    example_common.report_training("fsdp2", args, threads, params, step_seconds, losses)
-    # As in example_ddp.py: drop the sharded model (it holds the device mesh and so the
+    _common.report_training("fsdp2", args, threads, params, step_seconds, losses)
+    # As in ddp.py: drop the sharded model (it holds the device mesh and so the
     # process group) while the interpreter is whole; left to interpreter shutdown, Gloo's
     # group is destroyed there and a rank may abort after the results are out.
     del model, opt

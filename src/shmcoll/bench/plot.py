@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Plot sweep results: latency and bandwidth vs size, one row of panels per op.
 
-    python -m shmcoll.sweep_plot results.json out.png [--busbw]
-    python -m shmcoll.sweep_plot sweep.json mpi.json out.png     # shm, gloo and MPI together
+    python -m shmcoll.bench.plot results.json out.png [--busbw]
+    python -m shmcoll.bench.plot sweep.json mpi.json out.png     # shm, gloo and MPI together
 
-Every argument but the last is a JSON document of shmcoll.sweep or shmcoll.sweep_mpi; several
-are merged (shmcoll.sweep_results.merge: rows matched by op, dtype and bytes).  The last is the
+Every argument but the last is a JSON document of shmcoll.bench.sweep or shmcoll.bench.mpi; several
+are merged (shmcoll.bench.results.merge: rows matched by op, dtype and bytes).  The last is the
 image to write (PNG, SVG, PDF ... by its extension).
 
 Log-log panels, one line per backend (colour) and dtype (line style).  The black dashed line
@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shmcoll import sweep_results
+from shmcoll.bench import results as sweep_results
 
 STYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D", "v", "x"]

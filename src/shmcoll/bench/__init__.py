@@ -1,0 +1,1 @@
+"""Benchmark tooling behind ``python -m shmcoll bench``: the sweep, its MPI twin, results and plots."""
