@@ -34,15 +34,13 @@ def rank_main(args) -> None:
     import torch
     import torch.distributed as dist
 
+from shmcoll.backend import of_group
+
     torch.set_num_threads(1)
     dist.init_process_group("shm", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
-    default = dist.distributed_c10d._get_default_group()
-    try:
-        shm = default._get_backend(torch.device("cpu"))
-    except RuntimeError:
-        shm = default
-    hierarchy = shm._hierarchy
+    where = of_group().placement
+    hierarchy = where if type(where).__name__ == "Nodes" else None
     gloo = dist.new_group(backend="gloo")
     rows = []
     for nbytes in [_size(s) for s in args.sizes.split(",")]:

@@ -460,7 +460,8 @@ def _bad_calls(world: int):
     return {
         "meta_tensor": lambda: dist.all_reduce(torch.ones(4, device="meta")),
         "cuda_tensor": lambda: dist.all_reduce(torch.ones(4, device="cuda")),
-        "sparse_tensor": lambda: dist.all_reduce(torch.ones(4).to_sparse()),
+        "sparse_csr_tensor": lambda: dist.all_reduce(torch.ones(2, 2).to_sparse_csr()),
+        "sparse_max": lambda: dist.all_reduce(torch.ones(4).to_sparse(), op=R.MAX),
         "non_tensor": lambda: dist.all_reduce([1.0, 2.0]),
         "all_gather_short_list": lambda: dist.all_gather([torch.zeros(4) for _ in range(world - 1)], torch.ones(4)),
         "all_gather_long_list": lambda: dist.all_gather([torch.zeros(4) for _ in range(world + 1)], torch.ones(4)),
@@ -472,7 +473,7 @@ def _bad_calls(world: int):
         "broadcast_root_too_big": lambda: dist.broadcast(torch.ones(4), src=world),
         "broadcast_root_negative": lambda: dist.broadcast(torch.ones(4), src=-1),
         "band_on_float": lambda: dist.all_reduce(torch.ones(4), op=R.BAND),
-        "avg_on_int": lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=R.AVG),
+        "avg_on_bool": lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool), op=R.AVG),
         "min_on_complex": lambda: dist.all_reduce(torch.ones(4, dtype=torch.complex64), op=R.MIN),
         "unsupported_dtype_uint32": lambda: dist.all_reduce(torch.ones(4, dtype=torch.uint32)),
     }

@@ -18,18 +18,17 @@ SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
 
 
 def _backend(group=None):
-    """This rank's ProcessGroupShm of ``group`` (default: the default group)."""
-    group = group if group is not None else dist.distributed_c10d._get_default_group()
-    try:
-        return group._get_backend(torch.device("cpu"))
-    except RuntimeError:  # torch returned our Python ProcessGroup itself as the default group
-        return group
+    """This rank's shm backend of ``group`` (default: the default group)."""
+    from shmcoll.backend import of_group
+
+    return of_group(group)
 
 
 def _layout(pg) -> dict:
-    h = pg._hierarchy
-    return {"hierarchical": h is not None, "flat_gloo": pg._gloo is not None,
-            "nodes": h.nodes if h is not None else None, "tcp_bytes": h.tcp_bytes if h is not None else 0}
+    where = pg.placement
+    across = type(where).__name__ == "Nodes"  # several nodes: arenas inside, Gloo rails and a flat group
+    return {"hierarchical": across, "flat_gloo": across,
+            "nodes": where.nodes if across else None, "tcp_bytes": where.tcp_bytes if across else 0}
 
 
 def matrix(cases, big: str = "5003"):

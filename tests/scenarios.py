@@ -348,13 +348,14 @@ def api_surface(cases):
         import warnings
 
         ins = [make_input("agc", rank, torch.float32, 4), make_input("agc2", rank, torch.float32, 3)]
-        outs = [[torch.zeros(4) for _ in range(world)], [torch.zeros(3) for _ in range(world)]]
+        # torch's documented layout (and Gloo's): output_tensor_lists[rank][i] holds rank's input i.
+        outs = [[torch.zeros(4), torch.zeros(3)] for _ in range(world)]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # deprecated in torch, still public
             dist.all_gather_coalesced(outs, ins)
         for r in range(world):
-            _equal(outs[0][r], make_input("agc", r, torch.float32, 4), "coalesced 0")
-            _equal(outs[1][r], make_input("agc2", r, torch.float32, 3), "coalesced 1")
+            _equal(outs[r][0], make_input("agc", r, torch.float32, 4), "coalesced 0")
+            _equal(outs[r][1], make_input("agc2", r, torch.float32, 3), "coalesced 1")
 
     cases.run("all_gather_coalesced", gather_coalesced)
 

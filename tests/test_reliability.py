@@ -569,7 +569,8 @@ def test_mismatches_leave_the_backend_usable(mismatch_job):
 BAD_INPUT = {
     "meta_tensor": ["meta", "cpu"],
     "cuda_tensor": ["cuda", "cpu"],
-    "sparse_tensor": ["sparse"],
+    "sparse_csr_tensor": ["sparse", "csr"],
+    "sparse_max": ["sparse", "SUM", "MAX"],
     "non_tensor": ["tensor", "list"],
     "all_gather_short_list": [r"\b2\b", r"\b3\b"],
     "all_gather_long_list": [r"\b4\b", r"\b3\b"],
@@ -579,7 +580,7 @@ BAD_INPUT = {
     "broadcast_root_too_big": ["root", r"\b3\b"],
     "broadcast_root_negative": ["root", "-1"],
     "band_on_float": ["band", "float"],
-    "avg_on_int": ["avg", "int"],
+    "avg_on_bool": ["avg", "bool"],
     "min_on_complex": ["min", "complex"],
     "unsupported_dtype_uint32": ["uint32"],
 }

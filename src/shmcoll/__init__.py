@@ -16,7 +16,7 @@ from shmcoll._registration import BACKEND_NAME, register_backend
 from shmcoll.errors import CollectiveError, PeerDiedError, PeerTimeoutError, ShmcollError
 
 if TYPE_CHECKING:
-    from shmcoll.backend import ProcessGroupShm
+    from shmcoll.pg_bindings import ProcessGroupShm
 
 __version__ = "0.1.0"
 __all__ = ["BACKEND_NAME", "CollectiveError", "PeerDiedError", "PeerTimeoutError", "ProcessGroupShm",
@@ -26,9 +26,13 @@ register_backend()
 
 
 def __getattr__(name: str) -> Any:
-    """``shmcoll.ProcessGroupShm`` on first use: importing it loads NumPy, Numba and the extension."""
-    if name == "ProcessGroupShm":
-        from shmcoll.backend import ProcessGroupShm
+    """``shmcoll.ProcessGroupShm`` on first use: importing it loads NumPy, Numba and the extension.
 
-        return ProcessGroupShm
+    It is the class the "shm" creator returns on this torch: a c10d Backend from torch 2.14
+    (torch wraps it in a ProcessGroup, as it does Gloo), a ProcessGroup subclass before.
+    """
+    if name == "ProcessGroupShm":
+        from shmcoll.backend import group_class
+
+        return group_class()
     raise AttributeError(f"module 'shmcoll' has no attribute {name!r}")

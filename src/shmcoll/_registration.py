@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from shmcoll.backend import ProcessGroupShm
-
 BACKEND_NAME = "shm"
 _lock = threading.Lock()
 
@@ -27,8 +25,8 @@ def register_backend() -> bool:
     return True
 
 
-def _create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> ProcessGroupShm:
+def _create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta):
     # Imported here so registration never pays for NumPy, Numba or the extension.
-    from shmcoll.backend import ProcessGroupShm
+    from shmcoll.backend import create
 
-    return ProcessGroupShm(store, rank, world_size, timeout)
+    return create(store, rank, world_size, timeout)

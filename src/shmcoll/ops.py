@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.distributed import ReduceOp
 
-from shmcoll import kernel_abi
+from shmcoll import _torch_compat, kernel_abi
 
 
 class DType(NamedTuple):
@@ -78,33 +78,102 @@ _OPS = _op_table()
 _OP_NAME_BY_CODE = {o.code: o.name for o in _OPS.values()}
 
 
-def reduce_op(redop, dtype: torch.dtype) -> tuple[Op, DType]:
-    """Resolve (torch ReduceOp, dtype) to kernel terms, or raise a clear error.
+def kind_of(redop):
+    """The ``RedOpType`` of ``redop``: a ReduceOp, or a RedOpType itself (as default c10d options carry)."""
+    # Not isinstance(redop, ReduceOp): torch makes that true of a RedOpType too.
+    return redop if isinstance(redop, ReduceOp.RedOpType) else redop.op
 
-    PREMUL_SUM(factor) resolves to SUM; ``premul_factor`` gives its factor.
+
+def reduce_op(kind, dtype: torch.dtype) -> tuple[Op, DType]:
+    """Resolve (RedOpType, dtype) to kernel terms, or raise a clear error.
+
+    PREMUL_SUM(factor) resolves to SUM (``Reduction.scale`` carries the factor);
+    AVG of integers resolves to SUM (``Reduction.int_average`` divides after).
     """
-    kind = redop if isinstance(redop, ReduceOp.RedOpType) else redop.op
     op = _OPS.get(kind)
     if op is None:
         if kind == ReduceOp.RedOpType.PREMUL_SUM:
             op = _OPS[ReduceOp.RedOpType.SUM]
         else:
-            raise ValueError(f"shm backend does not support reduce op {redop}")
+            raise ValueError(f"shm backend does not support reduce op {kind}")
     dt = DTYPES.get(dtype)
     if dt is None:
         raise TypeError(f"shm backend cannot reduce tensors of dtype {dtype}; "
                         f"supported: {', '.join(str(t) for t in DTYPES)}")
+    if op.average and dt.name in _INTEGER_DTYPES:
+        return _OPS[ReduceOp.RedOpType.SUM], dt
     if not kernel_abi.supports(dt.name, op.kernel):
         raise ValueError(f"reduce op {op.name.upper()} is not defined for {dtype} tensors")
     return op, dt
 
 
-def premul_factor(redop) -> float:
-    """The factor of a PREMUL_SUM op (scalar or one-element tensor); 1.0 for any other op."""
-    if isinstance(redop, ReduceOp) and redop.op == ReduceOp.RedOpType.PREMUL_SUM:
-        factor = redop.factor
-        return float(factor.item() if isinstance(factor, torch.Tensor) else factor)
-    return 1.0
+# AVG of integer tensors has NCCL's meaning (Lightning's sync_dist relies on it): the
+# sum, in the tensor's dtype, divided by the group size and rounded toward zero.
+_INTEGER_DTYPES = frozenset(("int8", "int16", "int32", "int64", "uint8"))
+_COMPLEX_KINDS = frozenset((ReduceOp.RedOpType.SUM, ReduceOp.RedOpType.AVG, ReduceOp.RedOpType.PREMUL_SUM))
+
+
+class Reduction(NamedTuple):
+    """How one reduction runs: kernel terms and what surrounds the kernel call."""
+
+    op: Op  # what the kernels and rails apply (SUM for PREMUL_SUM and for integer AVG)
+    dtype: DType
+    kernel: int  # address of the dtype's C entry point (shmcoll.kernel_abi)
+    scale: float  # the kernel's scale: the group size for AVG, the factor for PREMUL_SUM, else 1.0
+    as_real: bool  # a complex tensor, reduced as its real view
+    premul: bool  # the factor is read from each call's ReduceOp
+    int_average: bool  # integer AVG: divide the sum by the group size afterwards, toward zero
+    size: int  # ranks in the group
+    code: int  # the op the caller asked for, as descriptors name it (so SUM and integer AVG differ)
+
+    def view(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The tensor the kernels reduce: ``tensor``, or its real view if it is complex."""
+        return torch.view_as_real(tensor) if self.as_real else tensor
+
+    def finish(self, tensor: torch.Tensor) -> None:
+        """What follows the collective on a rank that holds a result."""
+        if self.int_average:
+            tensor.div_(self.size, rounding_mode="trunc")
+
+    def local(self, tensor: torch.Tensor) -> None:
+        """The reduction over one rank, in place: only PREMUL_SUM's factor changes anything."""
+        if self.scale != 1.0 and not self.op.average:
+            tensor.mul_(self.scale)
+
+
+class Reductions:
+    """The Reduction of each (op, dtype) a group meets, planned once and reused."""
+
+    def __init__(self, size: int):
+        self._size = size
+        self._plans: dict = {}
+
+    def plan(self, redop, dtype: torch.dtype, what: str) -> Reduction:
+        kind = kind_of(redop)
+        plan = self._plans.get((kind, dtype))
+        if plan is None:
+            plan = self._plans[(kind, dtype)] = self._plan(kind, dtype, what)
+        if plan.premul:  # a flag: comparing pybind enums costs half a microsecond
+            return plan._replace(scale=_torch_compat.premul_factor(redop))
+        return plan
+
+    def _plan(self, kind, dtype: torch.dtype, what: str) -> Reduction:
+        from shmcoll import kernel_library  # loads the kernels: not at import
+
+        as_real = dtype.is_complex
+        if as_real:
+            if kind not in _COMPLEX_KINDS:
+                raise ValueError(f"{what}: {kind} is not defined for complex tensors (only SUM, AVG, PREMUL_SUM)")
+            dtype = torch.view_as_real(torch.empty(0, dtype=dtype)).dtype
+        try:
+            op, dt = reduce_op(kind, dtype)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{what}: {error}") from None
+        kernel = kernel_library.entry_point(dt.name)  # called by address from shmcoll._reduce
+        int_average = kind == ReduceOp.RedOpType.AVG and not op.average
+        code = _OPS[kind].code if kind in _OPS else op.code
+        return Reduction(op, dt, kernel, float(self._size) if op.average else 1.0, as_real,
+                         kind == ReduceOp.RedOpType.PREMUL_SUM, int_average, self._size, code)
 
 
 # Collective kinds, for descriptors and messages.

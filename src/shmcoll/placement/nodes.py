@@ -11,6 +11,8 @@ Terms (see DESIGN.md, "Across nodes"):
 Each plan moves about 1/L of the data across nodes per rank. Every method runs
 inside the backend's ProgressEngine (in issue order) and completes synchronously.
 A plan that fails part-way gives up for good (see ``_gives_up_on_failure``).
+Operations without a plan here, and plans that need nodes of equal size when
+they are not, run on the flat group (``placement.flat``).
 """
 from __future__ import annotations
 
@@ -18,22 +20,17 @@ import functools
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllgatherOptions
 
-from shmcoll import kernel_abi
+from shmcoll import kernel_abi, ops
+from shmcoll._torch_compat import AllgatherOptions
 from shmcoll.algorithms import allgather as _allgather
 from shmcoll.algorithms import barrier as _barrier
 from shmcoll.algorithms import broadcast as _broadcast
 from shmcoll.algorithms import allreduce as _allreduce
 from shmcoll.algorithms import reduce_scatter as _reduce_scatter
 from shmcoll.errors import InterNodeError, ShmcollError
+from shmcoll.placement.flat import Flat, finish_average, gloo_op
 from shmcoll.staging import staged, staged_empty, unstage
-
-R = dist.ReduceOp.RedOpType
-# Our reduce op (shmcoll.ops name) -> the ReduceOp the rail applies to node partials.
-_RAIL_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT,
-             "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "band": dist.ReduceOp.BAND,
-             "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
 
 
 def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:
@@ -64,16 +61,31 @@ def _gives_up_on_failure(plan):
     return run
 
 
-def _node_stage(op, scale: float) -> tuple[int, float]:
+def _node_stage(red: ops.Reduction) -> tuple[int, float]:
     """(kernel op, scale) of a reduction's stage inside a node: AVG is a SUM there, divided by the
-    world size at the end (``_finish_average``); PREMUL_SUM's factor is linear, so it applies there."""
-    return (kernel_abi.SUM, 1.0) if op.average else (op.kernel, scale)
+    world size at the end (``finish_average``); PREMUL_SUM's factor is linear, so it applies there."""
+    return (kernel_abi.SUM, 1.0) if red.op.average else (red.op.kernel, red.scale)
 
 
-class Hierarchy:
-    """This rank's node arena, its rail and the flat group, with one method per hierarchical plan."""
+def _on_flat(name: str):
+    """A method of Nodes that hands the call to the flat group."""
 
-    def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str):
+    def call(self, *args):
+        return getattr(self.flat, name)(*args)
+
+    call.__name__ = name
+    call.__doc__ = f"No hierarchical plan: the flat Gloo group's {name}."
+    return call
+
+
+class Nodes:
+    """The group's placement across nodes: this rank's node arena, its rail and the flat group.
+
+    One method per collective of the backend's surface: the hierarchical plans
+    below, and the flat group's for every other (``_on_flat``).
+    """
+
+    def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str, waits):
         """``arena``: this rank's node arena (open_node_arena), None when its node is itself alone."""
         self.rank, self.size = rank, size
         self.nodes = topo.nodes
@@ -85,6 +97,7 @@ class Hierarchy:
         # Plans that need every node to hold the same number of ranks.
         self.uniform = len({len(ranks) for ranks in self.nodes}) == 1
         self.arena = arena
+        self.waits = waits  # placement.WaitBudgets
         # rail_nodes[i]: the node indices on rail i, in node order (a node's rail rank is its position).
         self.rail_nodes = [[n for n, ranks in enumerate(self.nodes) if len(ranks) > i]
                            for i in range(max(len(ranks) for ranks in self.nodes))]
@@ -94,15 +107,33 @@ class Hierarchy:
         if len(members) > 1:
             self.rail = dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/rail/{self.local_rank}", store),
                                               members.index(self.node), len(members), timeout)
-        self.flat = dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/flat", store), rank, size, timeout)
+        self.flat = Flat(dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/flat", store), rank, size, timeout),
+                         rank, size)
         # The rail every node is on (0 always is), and the local rank each root's data enters it from.
         self.full_rails = min(len(ranks) for ranks in self.nodes)
 
-    def has_plan(self, name: str) -> bool:
-        """Whether ``name`` runs hierarchically here (else on the flat Gloo group)."""
-        if name in ("allreduce", "broadcast", "barrier"):
-            return True
-        return self.uniform and name in ("all_gather_single", "reduce_scatter_single")
+    # No hierarchical plan (yet): the flat group runs these.
+    reduce = _on_flat("reduce")
+    allgather = _on_flat("allgather")
+    gather = _on_flat("gather")
+    scatter = _on_flat("scatter")
+    alltoall = _on_flat("alltoall")
+    alltoall_single = _on_flat("alltoall_single")
+    send = _on_flat("send")
+    recv = _on_flat("recv")
+
+    def set_background(self, on: bool) -> None:
+        """Collectives that follow run on the progress thread (``on``) or inline."""
+        self.waits.apply(self.arena, on)
+
+    def summary(self) -> list[str]:
+        lines = [f"  nodes: {self.nodes}; this node's arena: "
+                 + (f"{self.arena.segment.size / 2**20:.1f} MiB" if self.arena is not None else "none (alone)"),
+                 "  across nodes: intra-node reduce-scatter, Gloo rail all_reduce, intra-node all-gather; "
+                 "ops without a hierarchical plan run on a flat Gloo group"]
+        if self.arena is not None:
+            lines.append(self.waits.describe())
+        return lines
 
     def close(self) -> None:
         if self.arena is not None:
@@ -111,10 +142,10 @@ class Hierarchy:
         # Stop the Gloo groups' worker threads now, while the interpreter is whole: left to be
         # destroyed at interpreter exit, a Gloo group can abort the process ("terminate called
         # without an active exception").
-        for group in (self.rail, self.flat):
-            if group is not None:
-                group.shutdown()
-        self.rail = self.flat = None
+        if self.rail is not None:
+            self.rail.shutdown()
+            self.rail = None
+        self.flat.close()
 
     def _give_up(self) -> None:
         if self.arena is not None:
@@ -142,37 +173,33 @@ class Hierarchy:
         if self.arena is not None and buf.numel():
             _broadcast.broadcast(self.arena, buf.data_ptr(), buf.numel() * buf.element_size(), local_root, desc)
 
-    def _node_reduce_scatter(self, blocks: torch.Tensor, block_count: int, op, kernel, scale: float,
+    def _node_reduce_scatter(self, blocks: torch.Tensor, block_count: int, red: ops.Reduction,
                              desc: int) -> torch.Tensor:
         """Block l of the L blocks of ``block_count`` elements in ``blocks``, reduced over this node,
         on local rank l (the node stage of a reduction; see ``_node_stage``)."""
-        op_kernel, kscale = _node_stage(op, scale)
+        op_kernel, kscale = _node_stage(red)
         if self.arena is None:  # alone on the node: our one block is the node's
             if kscale != 1.0:
                 blocks.mul_(kscale)
             return blocks
         out = torch.empty(block_count, dtype=blocks.dtype)
-        _reduce_scatter.reduce_scatter(self.arena, blocks.data_ptr(), block_count, blocks.element_size(), kernel,
-                                       op_kernel, kscale, out.data_ptr(), desc)
+        _reduce_scatter.reduce_scatter(self.arena, blocks.data_ptr(), block_count, blocks.element_size(),
+                                       red.kernel, op_kernel, kscale, out.data_ptr(), desc)
         return out
-
-    def _finish_average(self, tensor: torch.Tensor) -> None:
-        """SUM -> mean over the whole world, rounded once (as Gloo and the arena kernels do)."""
-        if tensor.dtype in (torch.float16, torch.bfloat16):
-            tensor.copy_(tensor.float().div_(self.size))
-        else:
-            tensor.div_(self.size)
 
     # -- plans ---------------------------------------------------------------
 
     @_gives_up_on_failure
-    def allreduce(self, flat: torch.Tensor, op, dtype, kernel, scale: float, desc: int) -> None:
+    def allreduce(self, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
         """Intra-node reduce-scatter, rail all-reduce of our shard, intra-node all-gather.
 
         Nodes of different sizes: reduce to each node's first rank, all-reduce on rail 0, broadcast.
         """
+        flat = red.view(tensor)
+        if flat.numel() == 0:
+            return
         if not self.uniform:
-            return self._allreduce_by_leaders(flat, op, dtype, kernel, scale, desc)
+            return self._allreduce_by_leaders(flat, red, desc)
         count, itemsize, L = flat.numel(), flat.element_size(), self.local_size
         block = -(-count // L)  # elements of each local rank's shard
         if block * L == count and flat.is_contiguous():
@@ -180,28 +207,28 @@ class Hierarchy:
         else:
             work = torch.zeros(block * L, dtype=flat.dtype)
             work[:count].copy_(flat.reshape(-1))
-        shard = self._node_reduce_scatter(work, block, op, kernel, scale, desc)
-        self._rail_allreduce(shard, _RAIL_OPS[op.name])
-        if op.average:
-            self._finish_average(shard)
+        shard = self._node_reduce_scatter(work, block, red, desc)
+        self._rail_allreduce(shard, gloo_op(red))
+        if red.op.average:
+            finish_average(shard, self.size)
         if self.arena is not None:
             _allgather.allgather(self.arena, shard.data_ptr(), block * itemsize,
                                  (work.data_ptr(), block * itemsize), desc)
         if work is not flat:
             flat.copy_(work[:count].view_as(flat))
 
-    def _allreduce_by_leaders(self, flat: torch.Tensor, op, dtype, kernel, scale: float, desc: int) -> None:
-        op_kernel, kscale = _node_stage(op, scale)
+    def _allreduce_by_leaders(self, flat: torch.Tensor, red: ops.Reduction, desc: int) -> None:
+        op_kernel, kscale = _node_stage(red)
         work = staged(flat)
         if self.arena is not None:
             _allreduce.reduce_scatter_allgather(self.arena, work.data_ptr(), work.numel(), work.element_size(),
-                                                kernel, op_kernel, kscale, desc, root=0)
+                                                red.kernel, op_kernel, kscale, desc, root=0)
         elif kscale != 1.0:
             work.mul_(kscale)
         if self.local_rank == 0:
-            self._rail_allreduce(work, _RAIL_OPS[op.name])
-            if op.average:
-                self._finish_average(work)
+            self._rail_allreduce(work, gloo_op(red))
+            if red.op.average:
+                finish_average(work, self.size)
         self._intra_broadcast(work, 0, desc)
         unstage(flat, work)
 
@@ -212,6 +239,8 @@ class Hierarchy:
         When some node lacks the root's local rank, the root's node first broadcasts
         locally and rail 0 (on every node) carries it.
         """
+        if tensor.numel() == 0:
+            return
         work = staged(tensor)
         root_node = next(n for n, ranks in enumerate(self.nodes) if root in ranks)
         root_local = self.nodes[root_node].index(root)
@@ -229,8 +258,12 @@ class Hierarchy:
         unstage(tensor, work)
 
     @_gives_up_on_failure
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
+    def allgather_into(self, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
         """Gather the node's inputs locally, all-gather the node blocks over the rail, place in rank order."""
+        if not self.uniform:  # the plan needs nodes of equal size
+            return self.flat.allgather_into(output, input, desc)
+        if input.numel() == 0:
+            return
         N, L = len(self.nodes), self.local_size
         source = _bytes_view(input.contiguous())
         nbytes = source.numel()
@@ -251,23 +284,27 @@ class Hierarchy:
         unstage(output, target)
 
     @_gives_up_on_failure
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op, dtype, kernel, scale: float,
-                              desc: int) -> None:
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
         """Local rank l reduces, within the node, the blocks of the ranks on rail l; the rail reduce-scatters them."""
+        if not self.uniform:  # the plan needs nodes of equal size
+            return self.flat.reduce_scatter(output, input, red, desc)
+        output, input = red.view(output), red.view(input)
         N, L = len(self.nodes), self.local_size
         M = output.numel()
+        if M == 0:
+            return
         blocks = input.reshape(self.size, M)
         # Block l of the node stage: the N blocks of rail l's ranks, in node order.
         order = [self.nodes[n][l] for l in range(L) for n in range(N)]
         by_rail = blocks[torch.tensor(order)].reshape(-1)
-        partial = self._node_reduce_scatter(by_rail, N * M, op, kernel, scale, desc)
+        partial = self._node_reduce_scatter(by_rail, N * M, red, desc)
         result = torch.empty(M, dtype=output.dtype)
         opts = dist.ReduceScatterOptions()
-        opts.reduceOp = _RAIL_OPS[op.name]
+        opts.reduceOp = gloo_op(red)
         self.tcp_bytes += partial.numel() * partial.element_size()
         self._over_rail("reduce_scatter", lambda rail: rail._reduce_scatter_base(result, partial, opts))
-        if op.average:
-            self._finish_average(result)
+        if red.op.average:
+            finish_average(result, self.size)
         output.copy_(result.view_as(output))
 
     @_gives_up_on_failure

@@ -1,0 +1,201 @@
+"""torch < 2.14: the shm group is a Python ProcessGroup subclass (c10d's Backend cannot be subclassed there).
+
+Three things a C++ group would give for free have to be made here:
+
+* c10d's bindings accept several call forms per method (``pg.allreduce(t)``,
+  ``pg.allreduce([t], ReduceOp.MAX)``, ``pg.broadcast(t, root)``, ...), all of
+  which a Python override hides; each method below turns every form into the
+  one ``Collectives`` takes, (tensors, options), as the bindings would.
+* A backend registered for cpu beneath the group (``fail_loud_backend``), so
+  that torch code looking beneath the group finds one.
+* Non-CPU tensors go to the group's backend for their device, if any (e.g.
+  ``init_process_group("cpu:shm,cuda:nccl")``).
+
+Every method is also kept out of TorchDynamo (``_torch_compat.skip_dynamo``).
+"""
+from __future__ import annotations
+
+import functools
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from shmcoll import _torch_compat
+from shmcoll.backend import Collectives
+
+_CPU = torch.device("cpu")
+
+
+def _options(options_type, timeout=None, **fields):
+    opts = options_type()
+    for name, value in fields.items():
+        setattr(opts, name, value)
+    if timeout is not None:
+        opts.timeout = timeout
+    return opts
+
+
+def _listed(tensors):
+    return [tensors] if isinstance(tensors, torch.Tensor) else tensors
+
+
+def _first_tensor(args):
+    """The first tensor in a call's arguments (tensors, lists, or lists of lists)."""
+    for arg in args:
+        while isinstance(arg, (list, tuple)) and arg:
+            arg = arg[0]
+        if isinstance(arg, torch.Tensor):
+            return arg
+    return None
+
+
+def _routes_devices(method):
+    """Send calls on non-CPU tensors to the group's backend for that device."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def route(self, *args, **kwargs):
+        tensor = _first_tensor(args)
+        if tensor is not None and not tensor.is_cpu:
+            return self._on_device(tensor.device, name, args, kwargs)
+        return method(self, *args, **kwargs)
+
+    return route
+
+
+class ProcessGroupShm(Collectives, dist.ProcessGroup):
+    """The shm group itself, on torch without Python-subclassable c10d Backends."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta):
+        dist.ProcessGroup.__init__(self, rank, size)
+        self._setup(store, rank, size, timeout)
+        self._register_backend(_CPU, dist.ProcessGroup.BackendType.CUSTOM,
+                               _torch_compat.fail_loud_backend(rank, size))
+
+    # torch names every group it creates (DeviceMesh, FSDP2 and functional collectives look groups up
+    # by name); the base class keeps the name in the group's backends, which the one above provides.
+
+    def _on_device(self, device, name: str, args, kwargs):
+        try:
+            backend = self._get_backend(device)
+        except RuntimeError:
+            backend = None
+        if backend is None or device.type == "cpu":
+            raise ValueError(f"{name}: the shm backend handles CPU tensors only, got a tensor on {device}; "
+                             f"name a backend for that device, e.g. init_process_group('cpu:shm,cuda:nccl')")
+        return getattr(backend, name)(*args, **kwargs)
+
+    # -- every call form of c10d's bindings ------------------------------------
+
+    @_routes_devices
+    def allreduce(self, tensors, opts=None, timeout=None):
+        if type(opts) is not dist.AllreduceOptions and opts is not None:  # allreduce(tensors, op[, timeout])
+            opts = _options(dist.AllreduceOptions, timeout, reduceOp=opts)
+        return Collectives.allreduce(self, _listed(tensors), opts)
+
+    @_routes_devices
+    def allreduce_coalesced(self, tensors, opts=None):
+        return Collectives.allreduce_coalesced(self, tensors, opts)
+
+    @_routes_devices
+    def reduce(self, tensors, opts=None, op=dist.ReduceOp.SUM, timeout=None):
+        if not isinstance(opts, (dist.ReduceOptions, type(None))):  # reduce(tensor, root[, op, timeout])
+            opts = _options(dist.ReduceOptions, timeout, rootRank=opts, reduceOp=op)
+        return Collectives.reduce(self, _listed(tensors), opts)
+
+    @_routes_devices
+    def broadcast(self, tensors, opts=None, timeout=None):
+        if not isinstance(opts, (dist.BroadcastOptions, type(None))):  # broadcast(tensor, root[, timeout])
+            opts = _options(dist.BroadcastOptions, timeout, rootRank=opts)
+        return Collectives.broadcast(self, _listed(tensors), opts)
+
+    @_routes_devices
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        if isinstance(input_tensors, torch.Tensor):  # allgather(outputs, input[, timeout])
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+            opts = _options(_torch_compat.AllgatherOptions, opts)
+        return Collectives.allgather(self, output_tensors, input_tensors, opts)
+
+    @_routes_devices
+    def all_gather_single(self, output, input, opts=None):
+        return Collectives.all_gather_single(self, output, input, opts)
+
+    _allgather_base = all_gather_single
+
+    @_routes_devices
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return Collectives.allgather_coalesced(self, output_lists, input_list, opts)
+
+    @_routes_devices
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return Collectives.allgather_into_tensor_coalesced(self, outputs, inputs, opts)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    @_routes_devices
+    def gather(self, output_tensors, input_tensors, opts=None, timeout=None):
+        if isinstance(input_tensors, torch.Tensor):  # gather(outputs, input, root[, timeout])
+            output_tensors, input_tensors = [output_tensors] if output_tensors else [], [input_tensors]
+            opts = _options(dist.GatherOptions, timeout, rootRank=opts)
+        return Collectives.gather(self, output_tensors, input_tensors, opts)
+
+    @_routes_devices
+    def scatter(self, output_tensors, input_tensors, opts=None, timeout=None):
+        if isinstance(output_tensors, torch.Tensor):  # scatter(output, inputs, root[, timeout])
+            output_tensors, input_tensors = [output_tensors], [input_tensors] if input_tensors else []
+            opts = _options(dist.ScatterOptions, timeout, rootRank=opts)
+        return Collectives.scatter(self, output_tensors, input_tensors, opts)
+
+    @_routes_devices
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None, timeout=None):
+        if isinstance(output_tensors, torch.Tensor):  # reduce_scatter(output, inputs[, op, timeout])
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+            opts = _options(dist.ReduceScatterOptions, timeout, reduceOp=opts if opts is not None
+                            else dist.ReduceOp.SUM)
+        return Collectives.reduce_scatter(self, output_tensors, input_tensors, opts)
+
+    @_routes_devices
+    def reduce_scatter_single(self, output, input, opts=None):
+        return Collectives.reduce_scatter_single(self, output, input, opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    @_routes_devices
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return Collectives.reduce_scatter_tensor_coalesced(self, outputs, inputs, opts)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    @_routes_devices
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return Collectives.alltoall(self, output_tensors, input_tensors, opts)
+
+    @_routes_devices
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        if isinstance(opts, timedelta):  # alltoall_base(..., timeout)
+            opts = _options(dist.AllToAllOptions, opts)
+        return Collectives.alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts)
+
+    all_to_all_single = alltoall_base
+
+    def barrier(self, opts=None):
+        if isinstance(opts, timedelta):  # barrier(timeout)
+            opts = _options(dist.BarrierOptions, opts)
+        return Collectives.barrier(self, opts)
+
+    @_routes_devices
+    def send(self, tensors, dstRank: int, tag: int = 0):
+        return Collectives.send(self, tensors, dstRank, tag)
+
+    @_routes_devices
+    def recv(self, tensors, srcRank: int, tag: int = 0):
+        return Collectives.recv(self, tensors, srcRank, tag)
+
+    @_routes_devices
+    def recv_anysource(self, tensors, tag: int = 0):
+        return Collectives.recv_anysource(self, tensors, tag)
+
+
+_torch_compat.skip_dynamo(Collectives)
+_torch_compat.skip_dynamo(ProcessGroupShm)

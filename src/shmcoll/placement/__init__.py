@@ -1,0 +1,98 @@
+"""Where a group's ranks live, decided once when the group is made.
+
+A *placement* runs every collective of the backend's surface for one group,
+synchronously, on tensors the surface has already checked:
+
+  SingleRank  one rank: local copies                      (placement.single)
+  OneNode     every rank on this node: the shared arena   (placement.node)
+  Nodes       several nodes: arenas inside, Gloo between  (placement.nodes, with placement.flat for
+              the operations that have no hierarchical plan)
+
+Each offers the same methods, with the same arguments::
+
+  allreduce(tensor, red, desc)                reduce(tensor, root, red, desc)
+  reduce_scatter(output, input, red, desc)    broadcast(tensor, root, desc)
+  allgather(outputs, input, desc)             allgather_into(output, input, desc)
+  gather(outputs | None, input, root, desc)   scatter(output, inputs | None, root, desc)
+  alltoall(outputs, inputs, desc)             alltoall_single(output, input, out_blocks, in_blocks, uniform, desc)
+  barrier(desc)                               send(tensor, dst, tag) -> Work;  recv(tensor, src | None, tag) -> Work
+  set_background(on)                          close()          summary() -> lines
+
+``red`` is an ``ops.Reduction``; ``desc`` the collective's descriptor (``ops.descriptor``),
+which shared-memory steps carry so that ranks in different collectives are caught.
+Results are in place; a reduction's ``finish`` is the surface's.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from shmcoll import topology
+from shmcoll.node_arena import open_node_arena
+
+
+def wait_policy(settings, local_size: int) -> tuple[int, int]:
+    """Spin and yield budgets (ns) of every wait on an arena of ``local_size`` ranks.
+
+    A pure spin reacts fastest but holds the core; a sched_yield loop is almost
+    as quick when the core is otherwise idle and hands the core over when a
+    peer (or anything else) is runnable on it. So: a short spin, unless local
+    ranks outnumber cores, then yields, then the futex sleep.
+    """
+    oversubscribed = local_size > len(os.sched_getaffinity(0))
+    spin_us = settings.spin_us if settings.spin_us is not None else (0.0 if oversubscribed else 20.0)
+    yield_us = settings.yield_us if settings.yield_us is not None else (200.0 if oversubscribed else 500.0)
+    return int(spin_us * 1000), int(yield_us * 1000)
+
+
+class WaitBudgets:
+    """The wait budgets of one arena: inline, and for collectives on the progress thread.
+
+    An async collective runs while the caller computes, typically on the same
+    cores (DDP's backward): spinning or yielding there takes cycles from the
+    computation it overlaps, so those waits sleep on the futex at once (measured
+    on DDP with 2 ranks on 2 cores: communication overhead per step 50-53 -> 42-44
+    ms). Explicit SHMCOLL_SPIN_US / SHMCOLL_YIELD_US apply to both.
+    """
+
+    def __init__(self, settings, local_size: int):
+        self.inline = wait_policy(settings, local_size)
+        explicit = settings.spin_us is not None or settings.yield_us is not None
+        self.background = self.inline if explicit else (0, 0)
+
+    def apply(self, arena, background: bool) -> None:
+        if arena is not None:
+            arena.set_waits(*(self.background if background else self.inline))
+
+    def describe(self) -> str:
+        spin_ns, yield_ns = self.inline
+        return (f"  waits: spin {spin_ns / 1000:g} us, sched_yield {yield_ns / 1000:g} us, then futex sleep "
+                f"({len(os.sched_getaffinity(0))} usable CPUs); on the progress thread: "
+                f"{'the same' if self.background == self.inline else 'futex sleep at once'}")
+
+
+def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
+    """The placement of this rank in a new group (collective: every rank of the group calls it).
+
+    ``describe()`` names the collective in progress, for the arena's error messages.
+    """
+    from shmcoll.placement.node import OneNode
+    from shmcoll.placement.nodes import Nodes
+    from shmcoll.placement.single import SingleRank
+
+    if size == 1:
+        return SingleRank()
+    # torch reuses a group's store prefix when a process initialises again, so every
+    # key of ours lives under this incarnation's number: each rank adds 1 once.
+    incarnation = (store.add("shmcoll/incarnation", 1) - 1) // size
+    keys = f"shmcoll/{incarnation}"
+    topo = topology.discover(store, rank, size, topology.host_identity(settings.hostid), keys)
+    # A rank that cannot map its node's arena becomes a node of its own (even in a one-node job).
+    topo, arena = open_node_arena(store, rank, size, topo, settings, timeout,
+                                  lambda local_size: wait_policy(settings, local_size), keys)
+    if arena is not None:
+        arena._describe = lambda step: describe()  # TODO(data layer): the arena's public hook
+    waits = WaitBudgets(settings, len(topo.local_ranks))
+    if topo.single_node:
+        return OneNode(arena, rank, settings, waits)
+    return Nodes(store, rank, size, timeout, topo, arena, keys, waits)

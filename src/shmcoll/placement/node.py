@@ -1,0 +1,174 @@
+"""Every rank of the group on this node: collectives through the node's shared arena.
+
+Tensors become raw addresses here (the algorithms know no torch): contiguous
+tensors are used in place, others through a contiguous stand-in that is copied
+back after (``shmcoll.staging``).
+"""
+from __future__ import annotations
+
+import torch
+
+from shmcoll import ops
+from shmcoll.algorithms import allgather, allreduce, alltoall, barrier, broadcast, gather, reduce_scatter, scatter
+from shmcoll.p2p import PointToPoint, Recv, Send
+from shmcoll.staging import staged, staged_empty, unstage
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class OneNode:
+    """The group's placement when all its ranks share one arena."""
+
+    def __init__(self, arena, rank: int, settings, waits):
+        self.arena = arena
+        self.rank = rank
+        self.waits = waits  # placement.WaitBudgets
+        self.p2p = PointToPoint(arena, f"rank{rank}")
+        # All-reduces up to this size exchange everything in one step (one slot per rank).
+        self.one_shot_bytes = min(settings.small_bytes, arena.chunk_bytes)
+        self.settings = settings
+        self.nodes = [arena.ranks]
+
+    # -- reductions ----------------------------------------------------------
+
+    def allreduce(self, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
+        flat = red.view(tensor)
+        count, itemsize = flat.numel(), flat.element_size()
+        if count == 0:  # still a collective: a rank that brings data must not wait alone
+            return barrier.barrier(self.arena, desc)
+        plan = allreduce.one_shot if count * itemsize <= self.one_shot_bytes else allreduce.reduce_scatter_allgather
+        work = staged(flat)
+        plan(self.arena, work.data_ptr(), count, itemsize, red.kernel, red.op.kernel, red.scale, desc)
+        unstage(flat, work)
+
+    def one_shot(self, tensor: torch.Tensor, count: int, red: ops.Reduction, desc: int) -> None:
+        """The small all-reduce path: a contiguous, non-empty tensor of at most ``one_shot_bytes``."""
+        allreduce.one_shot(self.arena, tensor.data_ptr(), count, red.dtype.numpy.itemsize, red.kernel,
+                           red.op.kernel, red.scale, desc)
+
+    def reduce(self, tensor: torch.Tensor, root: int, red: ops.Reduction, desc: int) -> None:
+        flat = red.view(tensor)
+        if flat.numel() == 0:
+            return barrier.barrier(self.arena, desc)
+        work = staged(flat)
+        allreduce.reduce_scatter_allgather(self.arena, work.data_ptr(), flat.numel(), flat.element_size(),
+                                           red.kernel, red.op.kernel, red.scale, desc, root=root)
+        if self.rank == root:
+            unstage(flat, work)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
+        """``input``: contiguous, the group's size times ``output``'s elements, rank r's block r-th."""
+        out = red.view(output)
+        source = red.view(input)
+        if out.numel() == 0:
+            return barrier.barrier(self.arena, desc)
+        target = staged(out)
+        reduce_scatter.reduce_scatter(self.arena, source.data_ptr(), out.numel(), out.element_size(), red.kernel,
+                                      red.op.kernel, red.scale, target.data_ptr(), desc)
+        unstage(out, target)
+
+    # -- data movement -------------------------------------------------------
+
+    def broadcast(self, tensor: torch.Tensor, root: int, desc: int) -> None:
+        if tensor.numel() == 0:
+            return barrier.barrier(self.arena, desc)
+        work = staged(tensor)
+        broadcast.broadcast(self.arena, work.data_ptr(), _nbytes(tensor), root, desc)
+        unstage(tensor, work)
+
+    def allgather(self, outputs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
+        if input.numel() == 0:
+            return barrier.barrier(self.arena, desc)
+        source = input.contiguous()
+        targets = [staged_empty(out) for out in outputs]
+        allgather.allgather(self.arena, source.data_ptr(), _nbytes(source), [t.data_ptr() for t in targets], desc)
+        for out, target in zip(outputs, targets):
+            unstage(out, target)
+
+    def allgather_into(self, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
+        nbytes = _nbytes(input)
+        if nbytes == 0:
+            return barrier.barrier(self.arena, desc)
+        source = input.contiguous()
+        target = staged_empty(output)
+        allgather.allgather(self.arena, source.data_ptr(), nbytes, (target.data_ptr(), nbytes), desc)
+        unstage(output, target)
+
+    def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int, desc: int) -> None:
+        nbytes = _nbytes(input)
+        if nbytes == 0:
+            return barrier.barrier(self.arena, desc)
+        source = input.contiguous()
+        targets = [staged_empty(out) for out in outputs] if outputs is not None else []
+        gather.gather(self.arena, source.data_ptr(), nbytes, root, [t.data_ptr() for t in targets], desc)
+        for out, target in zip(outputs or [], targets):
+            unstage(out, target)
+
+    def scatter(self, output: torch.Tensor, inputs: list[torch.Tensor] | None, root: int, desc: int) -> None:
+        nbytes = _nbytes(output)
+        if nbytes == 0:
+            return barrier.barrier(self.arena, desc)
+        sources = [t.contiguous() for t in inputs] if inputs is not None else []
+        target = staged_empty(output)
+        scatter.scatter(self.arena, [t.data_ptr() for t in sources], nbytes, root, target.data_ptr(), desc)
+        unstage(output, target)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], desc: int) -> None:
+        sources = [t.contiguous() for t in inputs]
+        targets = [staged_empty(t) for t in outputs]
+        sizes_in, sizes_out = [_nbytes(t) for t in sources], [_nbytes(t) for t in targets]
+        alltoall.alltoall(self.arena, [(t.data_ptr(), n) for t, n in zip(sources, sizes_in)],
+                          [(t.data_ptr(), n) for t, n in zip(targets, sizes_out)], desc,
+                          len(set(sizes_in + sizes_out)) == 1)
+        for out, target in zip(outputs, targets):
+            unstage(out, target)
+
+    def alltoall_single(self, output: torch.Tensor, input: torch.Tensor, out_blocks, in_blocks, uniform: bool,
+                        desc: int) -> None:
+        """``out_blocks``/``in_blocks``: (byte offset, byte count) of each rank's block."""
+        source = input.contiguous()
+        target = staged_empty(output)
+        base_in, base_out = source.data_ptr(), target.data_ptr()
+        alltoall.alltoall(self.arena, [(base_in + off, n) for off, n in in_blocks],
+                          [(base_out + off, n) for off, n in out_blocks], desc, uniform)
+        unstage(output, target)
+
+    def barrier(self, desc: int) -> None:
+        barrier.barrier(self.arena, desc)
+
+    # -- point-to-point ------------------------------------------------------
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int):
+        source = tensor.contiguous()
+        return self.p2p.start(Send(self.p2p, dst, source.data_ptr(), _nbytes(source), tag, [source]))
+
+    def recv(self, tensor: torch.Tensor, src: int | None, tag: int):
+        """From ``src``, or from whichever rank sends first when ``src`` is None."""
+        if not tensor.is_contiguous():
+            raise ValueError("recv: the shm backend receives into contiguous tensors only; "
+                             "pass tensor.contiguous() and copy it back")
+        return self.p2p.start(Recv(self.p2p, src, tensor.data_ptr(), _nbytes(tensor), tag, [tensor]))
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def set_background(self, on: bool) -> None:
+        """Collectives that follow run on the progress thread (``on``) or inline."""
+        self.waits.apply(self.arena, on)
+
+    def summary(self) -> list[str]:
+        arena, s = self.arena, self.settings
+        return [f"  arena: {arena.segment.size / 2**20:.1f} MiB for {arena.local_size} local ranks, "
+                f"{s.chunk_bytes // 1024} KiB chunks, {s.p2p_bytes // 1024} KiB p2p channels",
+                f"  all_reduce: one-shot up to {self.one_shot_bytes} B, chunked reduce-scatter + all-gather above",
+                self.waits.describe()]
+
+    def close(self) -> None:
+        """Stop the p2p thread and unmap the arena (every later use raises)."""
+        if self.p2p is not None:
+            self.p2p.close()
+            self.p2p = None
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
