@@ -157,6 +157,17 @@ class Arena:
         self.step = step
         _sync.post(self.lines, self.local_rank, step & 0xFFFFFFFF, desc)
 
+    def next_step(self) -> int:
+        """The step after the last one posted, for a post that writes nothing (so needs no free buffer)."""
+        return self.step + 1
+
+    def record_schedule(self, last_step: int, all_reached: int = 0) -> None:
+        """Note what a C schedule (``shmcoll._reduce``) did without Python: it posted every step up to
+        ``last_step`` and saw every local rank reach ``all_reached`` (0: nothing new known)."""
+        self.step = last_step
+        if all_reached > self.all_reached:
+            self.all_reached = all_reached
+
     def wait_all(self, step: int) -> None:
         """Block until every local rank has reached ``step``."""
         behind = _sync.wait_ranks(self.lines, 0, self.local_size, self.local_rank, step & 0xFFFFFFFF,

@@ -31,5 +31,5 @@ def allgather(arena, addr: int, nbytes: int, outputs, desc: int) -> None:
 
 def _allgather_strided(arena, addr: int, nbytes: int, out: int, stride: int, desc: int) -> None:
     call = arena.schedule.allgather
-    base = schedule.run(arena, desc, lambda base, resume: call(base, desc, addr, nbytes, out, stride, resume))
-    arena.step = arena.all_reached = base + -(-nbytes // arena.chunk_bytes)  # one step per chunk
+    schedule.run(arena, desc, lambda base, resume: call(base, desc, addr, nbytes, out, stride, resume),
+                 steps=-(-nbytes // arena.chunk_bytes))  # one per chunk

@@ -14,11 +14,11 @@ def one_shot(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, 
     """Everyone publishes its whole input (at most one slot), then reduces all slots into its output."""
     step = arena.begin_write()
     status = arena.schedule.one_shot(step & 0xFFFFFFFF, desc, addr, count, itemsize, kernel, op, scale, False)
-    arena.step = step
+    arena.record_schedule(step)
     while status != DONE:
         schedule.settle(arena, status, step, desc)
         status = arena.schedule.one_shot(step & 0xFFFFFFFF, desc, addr, count, itemsize, kernel, op, scale, True)
-    arena.all_reached = step
+    arena.record_schedule(step, step)
 
 
 def reduce_scatter_allgather(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float,
@@ -29,7 +29,7 @@ def reduce_scatter_allgather(arena, addr: int, count: int, itemsize: int, kernel
     """
     root = -1 if root is None else root
     chunked = arena.schedule.chunked
-    base = schedule.run(arena, desc, lambda base, resume: chunked(base, desc, addr, count, itemsize, kernel, op,
-                                                                  scale, root, resume))
-    arena.step = base + 2 * -(-count * itemsize // arena.chunk_bytes)  # two steps per chunk
-    arena.all_reached = arena.step if root in (-1, arena.local_rank) else arena.step - 1
+    schedule.run(arena, desc, lambda base, resume: chunked(base, desc, addr, count, itemsize, kernel, op, scale,
+                                                           root, resume),
+                 steps=2 * -(-count * itemsize // arena.chunk_bytes),  # two per chunk
+                 last_waits_for_all=root in (-1, arena.local_rank))  # a reduce's root alone gathers

@@ -2,7 +2,7 @@
 
 
 def barrier(arena, desc: int) -> None:
-    step = arena.step + 1
+    step = arena.next_step()
     arena.post(step, desc)
     arena.wait_all(step)
     arena.check_same_collective(step, desc)

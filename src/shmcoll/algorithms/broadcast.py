@@ -14,7 +14,7 @@ def broadcast(arena, addr: int, nbytes: int, root: int, desc: int) -> None:
             arena.post(step, desc)
         else:
             # Posting with nothing written tells the root we finished reading earlier steps.
-            step = arena.step + 1
+            step = arena.next_step()
             arena.post(step, desc)
         if start == 0:
             # Everyone, the root too, checks that every rank is in this same broadcast before

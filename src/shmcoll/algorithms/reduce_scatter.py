@@ -11,7 +11,7 @@ def reduce_scatter(arena, addr: int, block_count: int, itemsize: int, kernel: in
                    out_addr: int, desc: int) -> None:
     """``addr``: L blocks of ``block_count`` elements; our block's reduction goes to ``out_addr``."""
     call = arena.schedule.reduce_scatter
-    base = schedule.run(arena, desc, lambda base, resume: call(base, desc, addr, block_count, itemsize, out_addr,
-                                                               kernel, op, scale, resume))
     piece = arena.chunk_bytes // (arena.local_size * itemsize)  # elements of each block per step
-    arena.step = arena.all_reached = base + -(-block_count // piece)
+    schedule.run(arena, desc, lambda base, resume: call(base, desc, addr, block_count, itemsize, out_addr,
+                                                        kernel, op, scale, resume),
+                 steps=-(-block_count // piece))

@@ -16,7 +16,7 @@ def scatter(arena, inputs, nbytes: int, root: int, out_addr: int, desc: int) -> 
             arena.post(step, desc)
             copy(out_addr + start, inputs[me] + start, n)
         else:
-            step = arena.step + 1
+            step = arena.next_step()
             arena.post(step, desc)
             arena.wait_rank(root, step)
             if start == 0:
