@@ -26,7 +26,6 @@ from shmcoll._env import read_settings
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
 from shmcoll.errors import ShmcollError
-from shmcoll.placement.node import OneNode
 from shmcoll.work import ProgressEngine
 
 _STRIDED = torch.strided
@@ -71,7 +70,7 @@ class Collectives:
         kernel_library.warm()
         self._placement = placement.create(store, rank, size, timeout, self._settings, self.describe_current)
         # The small all-reduce path: one node, plans admitted per (op value, dtype) as they are met.
-        self._one_shot = {} if isinstance(self._placement, OneNode) and _hash_is_op_value() else None
+        self._one_shot = {} if self._placement.one_shot_bytes and _hash_is_op_value() else None
         if rank == 0 and _log.isEnabledFor(logging.INFO):
             nodes = self._placement.nodes
             _log.info("%s", "\n".join([f"shm process group of {size} ranks on {len(nodes)} node(s): {nodes}; "

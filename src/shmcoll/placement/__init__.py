@@ -17,6 +17,7 @@ Each offers the same methods, with the same arguments::
   alltoall(outputs, inputs, desc)             alltoall_single(output, input, out_blocks, in_blocks, uniform, desc)
   barrier(desc)                               send(tensor, dst, tag) -> Work;  recv(tensor, src | None, tag) -> Work
   set_background(on)                          close()          summary() -> lines
+  one_shot_bytes: all-reduces up to this size may call one_shot(tensor, count, red, desc) (0: no such path)
 
 ``red`` is an ``ops.Reduction``; ``desc`` the collective's descriptor (``ops.descriptor``),
 which shared-memory steps carry so that ranks in different collectives are caught.

@@ -85,6 +85,8 @@ class Nodes:
     below, and the flat group's for every other (``_on_flat``).
     """
 
+    one_shot_bytes = 0  # no small all-reduce path: every all-reduce crosses the rails
+
     def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str, waits):
         """``arena``: this rank's node arena (open_node_arena), None when its node is itself alone."""
         self.rank, self.size = rank, size

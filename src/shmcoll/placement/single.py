@@ -10,6 +10,7 @@ class SingleRank:
     """The group's placement when it has one rank."""
 
     nodes = [[0]]
+    one_shot_bytes = 0  # no small all-reduce path: allreduce() is already a local operation
 
     def allreduce(self, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
         red.local(red.view(tensor))
