@@ -29,16 +29,14 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-import time
 from datetime import timedelta
 from typing import NamedTuple
 
 import numpy as np
 
 from shmcoll import _reduce, _segment, _sync
-from shmcoll._logging import first_wait_warning, log
-from shmcoll.errors import (AttachError, CollectiveError, InterNodeError, PeerAttachError, PeerDiedError,
-                            PeerTimeoutError, ShmcollError)
+from shmcoll import waits
+from shmcoll.errors import AttachError, CollectiveError, PeerAttachError, PeerDiedError, ShmcollError
 
 MAGIC = 0x314C4C4F434D4853  # "SHMCOLL1" little-endian
 HEADER_BYTES = 256
@@ -48,8 +46,7 @@ ABANDONED_WORD = 3  # uint64 of the header: 1 + the group rank that gave up mid-
 PAGE = 4096
 NAME_PREFIX = "shmcoll-"
 
-# How long one wait call may block before Python checks deadline and liveness.
-_SLICE_NS = 100_000_000
+_SLICE_NS = waits.SLICE_NS
 
 
 class Layout(NamedTuple):
@@ -104,7 +101,8 @@ class Arena:
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
         self._line_words = self._raw[HEADER_BYTES:HEADER_BYTES + local_size * LINE_BYTES].view(np.int32)
         self._header = self._raw[:HEADER_BYTES].view(np.uint64)
-        self._describe = None  # set by the caller: step -> text naming the collective
+        self.describe = None  # set by the group: () -> text naming the collective in progress, for errors
+        self.watch = waits.Watch(local_rank, ranks, self.timeout_s, self.pid, self._abandoned_by)
         # Reductions run whole in C over this arena (shmcoll._reduce).
         self.schedule = _reduce.Schedule(self.lines, local_rank, local_size, self.data, self.scratch,
                                          chunk_bytes, spin_ns, yield_ns, _SLICE_NS)
@@ -197,42 +195,9 @@ class Arena:
             )
 
     def _wait_slow(self, local_ranks, step: int) -> None:
-        """Keep waiting in slices, checking the deadline, whether peers are alive and whether one gave up."""
-        start = time.monotonic()
-        deadline = start + self.timeout_s
-        warn_after = first_wait_warning(self.timeout_s)
-        while True:
-            behind = [r for r in local_ranks if r != self.local_rank
-                      and not _reached(_sync.load_step(self.lines, r), step)]
-            if not behind:
-                return
-            dead = [r for r in behind if not _process_alive(self.pid(r))]
-            what = self._describe(step) if self._describe else f"step {step}"
-            waited = time.monotonic() - start
-            if waited >= warn_after and not dead:
-                log.warning("rank %d has waited %.0f s in %s for rank(s) %s (alive, not there yet); "
-                            "timeout in %.0f s", self.ranks[self.local_rank], waited, what,
-                            _names(self.ranks, behind), deadline - time.monotonic())
-                warn_after *= 2
-            if dead:
-                raise PeerDiedError(
-                    f"rank(s) {_names(self.ranks, dead)} died (process exited) before reaching {what}; "
-                    f"rank {self.ranks[self.local_rank]} was waiting for them"
-                )
-            gave_up = int(self._header[ABANDONED_WORD])
-            if gave_up:
-                raise InterNodeError(
-                    f"rank {gave_up - 1} gave up on {what} after an error (see its message), so its node's "
-                    f"shared-memory steps cannot complete; rank {self.ranks[self.local_rank]} was waiting for it"
-                )
-            if time.monotonic() >= deadline:
-                arrived = [r for r in range(self.local_size) if r not in behind]
-                raise PeerTimeoutError(
-                    f"rank(s) {_names(self.ranks, behind)} did not reach {what} within "
-                    f"{self.timeout_s:g} s; rank(s) {_names(self.ranks, arrived)} reached it"
-                )
-            _sync.wait_ranks(self.lines, min(behind), max(behind) + 1, self.local_rank, step & 0xFFFFFFFF,
-                             0, 0, _SLICE_NS)
+        """The rest of a wait whose first slice ended: in slices, through the one funnel (``shmcoll.waits``)."""
+        waits.until_reached(self.watch, self.lines, local_ranks, step,
+                            lambda: self.describe() if self.describe else f"step {step}")
 
     def abandon(self) -> None:
         """Tell the local ranks that this one gives up mid-collective (its next steps will never come).
@@ -242,6 +207,11 @@ class Arena:
         """
         if self._header is not None:
             self._header[ABANDONED_WORD] = self.ranks[self.local_rank] + 1
+
+    def _abandoned_by(self) -> int | None:
+        """The group rank that gave up mid-collective (``abandon``), if one did."""
+        gave_up = int(self._header[ABANDONED_WORD]) if self._header is not None else 0
+        return gave_up - 1 if gave_up else None
 
     def pid(self, local_rank: int) -> int:
         """Process id that ``local_rank`` recorded in its control line."""
@@ -255,32 +225,6 @@ class Arena:
         self._views.clear()
         self._raw = self._line_words = self._header = None
         self.segment.close()
-
-
-def _process_alive(pid: int) -> bool:
-    """False once ``pid`` has exited, also while it is a zombie its parent has not reaped yet.
-
-    kill(pid, 0) succeeds on a zombie: a launcher that waits for its ranks in
-    order leaves a dead rank looking alive until the ranks before it exit.
-    """
-    if not _sync.process_alive(pid):
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rpartition(b")")[2].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    except (OSError, IndexError):
-        return True  # no /proc: trust kill()
-    return state not in (b"Z", b"X")
-
-
-def _reached(seen: int, target: int) -> bool:
-    return ((seen - target) & 0xFFFFFFFF) < 0x80000000
-
-
-def _names(ranks: list[int], local_ranks) -> str:
-    return ", ".join(str(ranks[r]) for r in sorted(local_ranks))
 
 
 def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settings, timeout: timedelta,

@@ -17,6 +17,10 @@ class PeerTimeoutError(ShmcollError, TimeoutError):
     """Ranks did not reach a collective within the group's timeout."""
 
 
+class AbortedError(ShmcollError):
+    """The group was aborted (``abort()``) while this rank waited in a collective."""
+
+
 class AttachError(ShmcollError):
     """This rank could not map its node's arena, which another local rank created; it can run as a node of its own."""
 

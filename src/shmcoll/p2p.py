@@ -23,16 +23,12 @@ import time
 import numpy as np
 
 from shmcoll import _sync
-from shmcoll._logging import first_wait_warning, log
 from shmcoll._copy import copy
-from shmcoll.errors import PeerDiedError, PeerTimeoutError, ShmcollError
+from shmcoll.errors import ShmcollError
+from shmcoll.waits import reached
 from shmcoll.work import AsyncWork, CompletedWork
 
 HEADER_BYTES = 64
-
-
-def _reached(seen: int, target: int) -> bool:
-    return ((seen - target) & 0xFFFFFFFF) < 0x80000000
 
 
 class _Transfer:
@@ -66,7 +62,7 @@ class Send(_Transfer):
         moved = False
         while not self.done:
             chunk = p2p.sent[peer]
-            if not _reached(_sync.load_step(lines, 1), chunk - 1):
+            if not reached(_sync.load_step(lines, 1), chunk - 1):
                 break  # the half still holds chunk - 2, not yet read
             n = min(p2p.payload, self.nbytes - self.offset)
             half = data + (chunk & 1) * p2p.half_bytes
@@ -96,7 +92,7 @@ class Recv(_Transfer):
 
     def _ready(self, peer) -> bool:
         lines, _ = self.p2p.arena.channel(peer, self.p2p.me)
-        return _reached(_sync.load_step(lines, 0), self.p2p.received[peer] + 1)
+        return reached(_sync.load_step(lines, 0), self.p2p.received[peer] + 1)
 
     def advance(self) -> bool:
         p2p = self.p2p
@@ -153,7 +149,7 @@ class PointToPoint:
         self._pending: list[tuple[_Transfer, AsyncWork]] = []
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._timeout_s = arena.timeout_s
+        self._watch = arena.watch  # the arena's wait checks: liveness, timeout, abort (shmcoll.waits)
 
     # -- headers ---------------------------------------------------------------
 
@@ -221,23 +217,15 @@ class PointToPoint:
         return moved
 
     def _check_stalled(self, transfer) -> None:
+        """A transfer that made no progress for a while: the same checks as every wait (``shmcoll.waits``),
+        with the time since its last progress as the time waited."""
+        self._watch.raise_if_aborted(transfer.describe())
         idle = time.monotonic() - transfer.last_progress
         if idle < 0.5:
             return
         peers = [transfer.peer] if transfer.peer is not None else [p for p in range(self.size) if p != self.me]
-        dead = [p for p in peers if not _sync.process_alive(self.arena.pid(p))]
-        if dead:
-            raise PeerDiedError(f"rank(s) {', '.join(str(self.ranks[p]) for p in dead)} died during the "
-                                f"{transfer.describe()} on rank {self.ranks[self.me]}")
-        if idle > self._timeout_s:
-            raise PeerTimeoutError(f"{transfer.describe()} on rank {self.ranks[self.me]} made no progress for "
-                                   f"{self._timeout_s:g} s")
-        warn_after = transfer.warn_after or first_wait_warning(self._timeout_s)
-        if idle >= warn_after:
-            log.warning("%s on rank %d has made no progress for %.0f s; waiting for rank(s) %s (alive); "
-                        "timeout in %.0f s", transfer.describe(), self.ranks[self.me], idle,
-                        ", ".join(str(self.ranks[p]) for p in peers), self._timeout_s - idle)
-            transfer.warn_after = warn_after * 2
+        transfer.warn_after = self._watch.check(peers, idle, transfer.describe(),
+                                                transfer.warn_after or self._watch.first_warning())
 
     def _loop(self) -> None:
         idle_passes = 0

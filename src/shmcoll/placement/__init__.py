@@ -16,7 +16,7 @@ Each offers the same methods, with the same arguments::
   gather(outputs | None, input, root, desc)   scatter(output, inputs | None, root, desc)
   alltoall(outputs, inputs, desc)             alltoall_single(output, input, out_blocks, in_blocks, uniform, desc)
   barrier(desc)                               send(tensor, dst, tag) -> Work;  recv(tensor, src | None, tag) -> Work
-  set_background(on)                          close()          summary() -> lines
+  set_background(on)      abort(why): waits in progress raise within a slice      close()      summary() -> lines
   one_shot_bytes: all-reduces up to this size may call one_shot(tensor, count, red, desc) (0: no such path)
 
 ``red`` is an ``ops.Reduction``; ``desc`` the collective's descriptor (``ops.descriptor``),
@@ -92,7 +92,7 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
     topo, arena = open_node_arena(store, rank, size, topo, settings, timeout,
                                   lambda local_size: wait_policy(settings, local_size), keys)
     if arena is not None:
-        arena._describe = lambda step: describe()  # TODO(data layer): the arena's public hook
+        arena.describe = describe
     waits = WaitBudgets(settings, len(topo.local_ranks))
     if topo.single_node:
         return OneNode(arena, rank, settings, waits)

@@ -1,0 +1,127 @@
+"""Every wait of shmcoll on its peers goes through here: one policy, one set of checks.
+
+The fast part of a wait is Cython (``_sync.wait_rank``/``wait_ranks``, and the
+C schedules of ``_reduce``): spin with a pause instruction for the spin
+budget, loop on ``sched_yield`` for the yield budget, then sleep on the futex
+of the awaited step word — for at most one *slice* (``SLICE_NS``). When a
+slice ends with the peers still behind, the wait comes back to Python, to
+``Watch.check``, which decides in one place whether to go on waiting:
+
+  aborted    ``abort()`` was called on the group (from any thread): raise now
+  dead       an awaited peer's process exited (a zombie counts as dead: a
+             launcher that reaps its ranks in order leaves one looking alive)
+  abandoned  a local peer gave up mid-collective after an error of its own
+  timed out  the group's timeout passed since the wait began
+  slow       warn (WARNING log) after 10 s, or a third of the timeout, then
+             each time the wait doubles
+
+Collective steps (``Arena``) and point-to-point channels (``p2p``) use the
+same ``Watch``, so a fix to liveness or wording is made once.
+"""
+from __future__ import annotations
+
+import time
+
+from shmcoll import _sync
+from shmcoll._logging import first_wait_warning, log
+from shmcoll.errors import AbortedError, InterNodeError, PeerDiedError, PeerTimeoutError
+
+# How long one wait call may block before Python checks deadline, liveness and abort.
+SLICE_NS = 100_000_000
+
+
+def reached(seen: int, target: int) -> bool:
+    """Whether step word ``seen`` is at or past ``target`` (both uint32; wrap-safe)."""
+    return ((seen - target) & 0xFFFFFFFF) < 0x80000000
+
+
+def process_alive(pid: int) -> bool:
+    """False once ``pid`` has exited, also while it is a zombie its parent has not reaped yet.
+
+    kill(pid, 0) succeeds on a zombie: a launcher that waits for its ranks in
+    order leaves a dead rank looking alive until the ranks before it exit.
+    """
+    if not _sync.process_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except (OSError, IndexError):
+        return True  # no /proc: trust kill()
+    return state not in (b"Z", b"X")
+
+
+def names(ranks: list[int], local_ranks) -> str:
+    """'1, 3': the group ranks of some local ranks, for messages."""
+    return ", ".join(str(ranks[r]) for r in local_ranks)
+
+
+class Watch:
+    """The checks between slices of every wait on one arena's peers.
+
+    ``pid(local_rank)`` gives a peer's process id, ``abandoned()`` the group rank
+    that gave up mid-collective (or None), ``ranks`` the group rank of each
+    local rank.
+    """
+
+    def __init__(self, me: int, ranks: list[int], timeout_s: float, pid, abandoned):
+        self.me = me
+        self.ranks = ranks
+        self.timeout_s = timeout_s
+        self._pid = pid
+        self._abandoned = abandoned
+        self.aborted: str | None = None  # why the group was aborted; set from any thread
+
+    def abort(self, why: str) -> None:
+        """Make every wait of this arena raise at its next slice (within ``SLICE_NS``)."""
+        self.aborted = why
+
+    def raise_if_aborted(self, what: str) -> None:
+        if self.aborted is not None:
+            raise AbortedError(f"{what} on rank {self.ranks[self.me]} was aborted: {self.aborted}")
+
+    def check(self, behind, waited_s: float, what: str, warn_after: float) -> float:
+        """Raise if waiting for local ranks ``behind`` for ``waited_s`` seconds in ``what`` must stop;
+        else log when the wait is long. Returns when to warn next (pass it back in)."""
+        self.raise_if_aborted(what)
+        dead = [r for r in behind if not process_alive(self._pid(r))]
+        if dead:
+            raise PeerDiedError(f"rank(s) {names(self.ranks, dead)} died (process exited) before reaching "
+                                f"{what}; rank {self.ranks[self.me]} was waiting for them")
+        gave_up = self._abandoned()
+        if gave_up is not None:
+            raise InterNodeError(f"rank {gave_up} gave up on {what} after an error (see its message), so its "
+                                 f"node's shared-memory steps cannot complete; rank {self.ranks[self.me]} was "
+                                 f"waiting for it")
+        if waited_s >= self.timeout_s:
+            arrived = [r for r in range(len(self.ranks)) if r not in behind]
+            there = f"; rank(s) {names(self.ranks, arrived)} reached it" if arrived else ""
+            # "Timed out", as Gloo and NCCL word it (torch's tests and tools look for it).
+            raise PeerTimeoutError(f"rank {self.ranks[self.me]}: Timed out after {self.timeout_s:g} s in {what}: "
+                                   f"rank(s) {names(self.ranks, behind)} did not reach it{there}")
+        if waited_s >= warn_after:
+            log.warning("rank %d has waited %.0f s in %s for rank(s) %s (alive, not there yet); timeout in "
+                        "%.0f s", self.ranks[self.me], waited_s, what, names(self.ranks, behind),
+                        self.timeout_s - waited_s)
+            return warn_after * 2
+        return warn_after
+
+    def first_warning(self) -> float:
+        return first_wait_warning(self.timeout_s)
+
+
+def until_reached(watch: Watch, lines: int, local_ranks, step: int, what) -> None:
+    """Block until every rank of ``local_ranks`` (local indices) has reached ``step``, checking ``watch``
+    between slices: the slow part of a wait whose first slice (with its spin and yield budgets) has
+    ended. ``what()`` names the collective, for messages."""
+    start = time.monotonic()
+    warn_after = watch.first_warning()
+    target = step & 0xFFFFFFFF
+    while True:
+        behind = [r for r in local_ranks if r != watch.me and not reached(_sync.load_step(lines, r), target)]
+        if not behind:
+            return
+        warn_after = watch.check(behind, time.monotonic() - start, what(), warn_after)
+        _sync.wait_ranks(lines, min(behind), max(behind) + 1, watch.me, target, 0, 0, SLICE_NS)
