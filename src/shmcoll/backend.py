@@ -16,6 +16,8 @@ ProcessGroup subclass (``shmcoll.pg_bindings``). ``create`` picks one.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -25,7 +27,7 @@ from shmcoll import _torch_compat, checks, kernel_library, ops, placement, spars
 from shmcoll._env import read_settings
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
-from shmcoll.errors import ShmcollError
+from shmcoll.errors import AbortedError, ShmcollError
 from shmcoll.work import ProgressEngine
 
 _STRIDED = torch.strided
@@ -65,6 +67,8 @@ class Collectives:
         self._desc = 0  # descriptor of the collective in progress, for messages
         self._reductions = ops.Reductions(size)
         self._engine = ProgressEngine(f"rank{rank}")
+        self._teardown = threading.Lock()  # shutdown() and abort() may come from any thread, twice
+        self._in_collective = False  # a collective runs now (inline, on the progress thread, or the small path)
         _configure_logging(rank)
         # Load every kernel before any collective, so none compiles on only some ranks.
         kernel_library.warm()
@@ -107,11 +111,14 @@ class Collectives:
     def _run(self, desc: int, body) -> None:
         """Run ``body`` as collective ``desc``; a failure of ours makes the group unusable."""
         self._start(desc)
+        self._in_collective = True  # the arena is in use: teardown must not unmap it under us
         try:
             body()
         except ShmcollError as error:
             self._error = error
             raise
+        finally:
+            self._in_collective = False
 
     def _launch(self, desc: int, body, result, opts):
         """Run ``body()`` as collective ``desc`` in issue order; return its Work (with ``result``)."""
@@ -390,13 +397,68 @@ class Collectives:
     # -- teardown ------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Finish queued work, stop the progress thread and release the placement (arena, Gloo groups)."""
-        self._engine.close()
-        self._placement.close()
-        self._error = self._error or ShmcollError("this shm process group was shut down")
+        """Finish queued work, stop our threads, release the placement (unmap the arena, shut its Gloo
+        groups down). What destroy_process_group calls; safe twice and from any thread."""
+        with self._teardown:
+            if self._placement is not None:
+                self._engine.close()
+                _until(lambda: not self._in_collective, None)  # one still running on another thread
+                self._placement.close()
+                self._placement = None
+                self._error = self._error or ShmcollError("this shm process group was shut down")
+        _let_waiting_threads_run()
 
     def abort(self) -> None:
-        self.shutdown()
+        """Get out of a hung collective: the one in progress (on any thread) raises within a wait slice,
+        queued ones fail, local peers waiting on this rank raise too, then everything is released.
+        Safe twice and from any thread."""
+        with self._teardown:
+            placement = self._placement
+            if placement is None:
+                return
+            error = AbortedError(f"rank {self._rank}: this shm process group was aborted")
+            self._error = self._error or error
+            placement.abort("abort() was called on this process group")
+            deadline = time.monotonic() + _ABORT_GRACE_S
+            if not (self._engine.abort(error, _ABORT_GRACE_S)
+                    and _until(lambda: not self._in_collective, deadline)):
+                # A collective still runs (in a Gloo call between nodes, which has no abort): unmapping
+                # under it could crash the process; the mapping goes when the process does.
+                _log.warning("rank %d: abort(): a collective still runs after %g s; the shm arena stays "
+                             "mapped", self._rank, _ABORT_GRACE_S)
+                return
+            placement.close()
+            self._placement = None
+        _let_waiting_threads_run()
+
+
+# How long abort() waits for the collective in progress to notice it: a wait notices within one slice.
+_ABORT_GRACE_S = 5.0
+
+
+def _until(condition, deadline: float | None) -> bool:
+    """Poll ``condition()`` every millisecond until it holds (True) or ``deadline`` passes (False)."""
+    while not condition():
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _let_waiting_threads_run() -> None:
+    """Release the GIL for a moment, so that threads waiting for it run before this one goes on.
+
+    A Gloo group's worker thread drops its last reference to a finished Work only
+    after waking the caller, and that drop releases the Python objects of the
+    Work's tensors, so it needs the GIL. If the caller goes on to interpreter
+    exit without ever releasing the GIL (our teardown is pure Python), the
+    worker takes the GIL during finalization, CPython ends it there with
+    pthread_exit, and the unwinding through Gloo's noexcept destructor calls
+    std::terminate: SIGABRT, "terminate called without an active exception", in
+    about a third of jobs that mixed a Gloo group with shm. Gloo's own teardown
+    releases the GIL in C++, which is why jobs on Gloo alone never showed it.
+    """
+    time.sleep(0.001)
 
 
 def _movement(tensor) -> tuple[int, int]:

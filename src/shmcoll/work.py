@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -81,7 +82,8 @@ class AsyncWork(dist.Work):
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         seconds = timeout.total_seconds() if timeout else 0
         if not self._done.wait(seconds if seconds > 0 else None):
-            raise dist.DistBackendError(f"{self._describe} did not complete within {seconds:g} s (Work.wait timeout)")
+            raise dist.DistBackendError(f"Timed out: {self._describe} did not complete within {seconds:g} s "
+                                         f"(Work.wait timeout)")
         if self._error is not None:
             raise self._error
         return True
@@ -160,7 +162,7 @@ class ProgressEngine:
         work = AsyncWork(result, describe())
         with self._cv:
             if self._closed:
-                raise dist.DistBackendError(f"{self._name} was shut down")
+                raise dist.DistBackendError(f"{self._name}: this process group was shut down or aborted")
             self._queue.append((run, work))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=f"shmcoll-progress-{self._name}",
@@ -210,3 +212,25 @@ class ProgressEngine:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+    def abort(self, error: BaseException, grace_s: float) -> bool:
+        """Fail every queued collective with ``error``, refuse new ones, and wait up to ``grace_s`` for the
+        one running now, on any thread (its waits raise once the placement is aborted). Returns whether
+        nothing runs any more."""
+        with self._cv:
+            self._closed = True
+            queued, self._queue = list(self._queue), collections.deque()
+            self._cv.notify_all()
+        for _, work in queued:
+            work._finish(error)
+        deadline = time.monotonic() + grace_s
+        with self._cv:
+            while self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._waiters += 1
+                self._cv.wait(left)
+                self._waiters -= 1
+        self.close()  # the thread, now idle, exits
+        return True

@@ -164,6 +164,12 @@ class OneNode:
                 f"  all_reduce: one-shot up to {self.one_shot_bytes} B, chunked reduce-scatter + all-gather above",
                 self.waits.describe()]
 
+    def abort(self, why: str) -> None:
+        """Make every wait on the arena raise at its next slice, here and (``abandon``) on the local peers."""
+        if self.arena is not None:
+            self.arena.watch.abort(why)
+            self.arena.abandon()
+
     def close(self) -> None:
         """Stop the p2p thread and unmap the arena (every later use raises)."""
         if self.p2p is not None:

@@ -137,6 +137,13 @@ class Nodes:
             lines.append(self.waits.describe())
         return lines
 
+    def abort(self, why: str) -> None:
+        """Waits on the node arena raise at their next slice, here and on the local peers; a Gloo call in
+        flight ends at Gloo's own timeout (Gloo offers no abort)."""
+        if self.arena is not None:
+            self.arena.watch.abort(why)
+            self.arena.abandon()
+
     def close(self) -> None:
         if self.arena is not None:
             self.arena.close()

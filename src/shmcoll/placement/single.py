@@ -56,6 +56,9 @@ class SingleRank:
     def set_background(self, on: bool) -> None:
         pass
 
+    def abort(self, why: str) -> None:
+        pass  # nothing ever waits
+
     def close(self) -> None:
         pass
 
