@@ -19,7 +19,6 @@ as what it can do.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 __all__ = ["PYTHON_BACKEND", "AllgatherOptions", "premul_factor", "skip_dynamo", "fail_loud_backend"]

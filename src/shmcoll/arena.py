@@ -199,6 +199,11 @@ class Arena:
         waits.until_reached(self.watch, self.lines, local_ranks, step,
                             lambda: self.describe() if self.describe else f"step {step}")
 
+    def abort(self, why: str) -> None:
+        """Every wait on this arena raises within a slice, here (``why``) and on the local peers (``abandon``)."""
+        self.watch.abort(why)
+        self.abandon()
+
     def abandon(self) -> None:
         """Tell the local ranks that this one gives up mid-collective (its next steps will never come).
 

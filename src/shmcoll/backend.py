@@ -240,10 +240,7 @@ class Collectives:
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         output = checks.one_tensor(output_tensors, "reduce_scatter output")
-        if len(input_lists) != 1:
-            raise ValueError(f"reduce_scatter: expected one input list, got {len(input_lists)}")
-        inputs = checks.list_of_size(input_lists[0], self._size, "reduce_scatter input list")
-        checks.like(inputs, output, "reduce_scatter input")
+        inputs = checks.one_list_like(input_lists, self._size, output, "reduce_scatter input")
         return self._reduce_scatter(output, lambda: torch.cat([t.reshape(-1) for t in inputs]), opts)
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -291,10 +288,7 @@ class Collectives:
 
     def allgather(self, output_lists, input_tensors, opts=None):
         tensor = checks.one_tensor(input_tensors, "all_gather")
-        if len(output_lists) != 1:
-            raise ValueError(f"all_gather: expected one output list, got {len(output_lists)}")
-        outputs = checks.list_of_size(output_lists[0], self._size, "all_gather output list")
-        checks.like(outputs, tensor, "all_gather output")
+        outputs = checks.one_list_like(output_lists, self._size, tensor, "all_gather output")
         desc = ops.descriptor(ops.ALLGATHER, *_movement(tensor))
         return self._launch(desc, lambda: self._placement.allgather(outputs, tensor, desc), output_lists, opts)
 
@@ -332,17 +326,13 @@ class Collectives:
 
     def gather(self, output_lists, input_tensors, opts=None):
         tensor = checks.one_tensor(input_tensors, "gather")
-        root = checks.root(opts.rootRank if opts is not None else 0, self._size, "gather")
-        outputs = checks.rooted_list(output_lists, self._rank == root, tensor, self._size, root, self._rank,
-                                     "gather output")
+        root, outputs = checks.rooted(opts, output_lists, tensor, self._size, self._rank, "gather", "output")
         desc = ops.descriptor(ops.GATHER, *_movement(tensor), 0, root)
         return self._launch(desc, lambda: self._placement.gather(outputs, tensor, root, desc), output_lists, opts)
 
     def scatter(self, output_tensors, input_lists, opts=None):
         output = checks.one_tensor(output_tensors, "scatter output")
-        root = checks.root(opts.rootRank if opts is not None else 0, self._size, "scatter")
-        inputs = checks.rooted_list(input_lists, self._rank == root, output, self._size, root, self._rank,
-                                    "scatter input")
+        root, inputs = checks.rooted(opts, input_lists, output, self._size, self._rank, "scatter", "input")
         desc = ops.descriptor(ops.SCATTER, *_movement(output), 0, root)
         return self._launch(desc, lambda: self._placement.scatter(output, inputs, root, desc), [output], opts)
 

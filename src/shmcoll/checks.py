@@ -52,6 +52,22 @@ def list_of_size(tensors, size: int, what: str) -> list:
     return list(tensors)
 
 
+def rooted(opts, lists, model: torch.Tensor, size: int, rank: int, op: str, role: str):
+    """(root, the root's tensor list or None on other ranks) of gather's outputs or scatter's inputs."""
+    root_rank = root(opts.rootRank if opts is not None else 0, size, op)
+    return root_rank, rooted_list(lists, rank == root_rank, model, size, root_rank, rank, f"{op} {role}")
+
+
+def one_list_like(lists, size: int, model: torch.Tensor, what: str) -> list:
+    """The tensor list of a c10d list-of-lists argument (one list per device: a CPU group takes one), with
+    one tensor per rank, each like ``model``."""
+    if len(lists) != 1:
+        raise ValueError(f"{what}: expected one list, got {len(lists)}")
+    tensors = list_of_size(lists[0], size, f"{what} list")
+    like(tensors, model, what)
+    return tensors
+
+
 def like(tensors, model: torch.Tensor, what: str) -> None:
     """Every tensor of ``tensors`` is a dense CPU tensor of ``model``'s dtype and element count."""
     for i, t in enumerate(tensors):

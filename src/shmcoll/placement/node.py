@@ -167,8 +167,7 @@ class OneNode:
     def abort(self, why: str) -> None:
         """Make every wait on the arena raise at its next slice, here and (``abandon``) on the local peers."""
         if self.arena is not None:
-            self.arena.watch.abort(why)
-            self.arena.abandon()
+            self.arena.abort(why)
 
     def close(self) -> None:
         """Stop the p2p thread and unmap the arena (every later use raises)."""

@@ -141,8 +141,7 @@ class Nodes:
         """Waits on the node arena raise at their next slice, here and on the local peers; a Gloo call in
         flight ends at Gloo's own timeout (Gloo offers no abort)."""
         if self.arena is not None:
-            self.arena.watch.abort(why)
-            self.arena.abandon()
+            self.arena.abort(why)
 
     def close(self) -> None:
         if self.arena is not None:
