@@ -88,10 +88,17 @@ def destroy_one_subgroup() -> None:
 
 
 def reinit() -> None:
-    """init, use, destroy: three rounds in the same processes."""
+    """init, use, destroy: three rounds in the same processes.
+
+    Each round rendezvous through a FileStore of its own: re-binding env://'s TCPStore port in the next
+    round races with the old server (torch's problem, with any backend).
+    """
+    import tempfile
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    files = os.path.join(tempfile.gettempdir(), f"lifecycle-reinit-{os.environ['MASTER_PORT']}")
     for round_ in range(3):
-        _init()
-        rank, world = dist.get_rank(), dist.get_world_size()
+        dist.init_process_group(BACKEND, init_method=f"file://{files}-{round_}", rank=rank, world_size=world)
         t = _values(rank) * (round_ + 1)
         dist.all_reduce(t)
         assert torch.equal(t, _summed(world) * (round_ + 1)), round_
