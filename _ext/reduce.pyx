@@ -37,18 +37,22 @@ cdef class Schedule:
 
     cdef uintptr_t lines, data, scratch
     cdef int me, size
-    cdef Py_ssize_t buffer_bytes, chunk_bytes
+    cdef Py_ssize_t buffer_bytes, chunk_bytes, stride
     cdef int64_t spin_ns, yield_ns, slice_ns
 
     def __cinit__(self, uintptr_t lines, int me, int size, uintptr_t data, uintptr_t scratch,
-                  Py_ssize_t chunk_bytes, int64_t spin_ns, int64_t yield_ns, int64_t slice_ns):
+                  Py_ssize_t chunk_bytes, Py_ssize_t stride, int64_t spin_ns, int64_t yield_ns,
+                  int64_t slice_ns):
+        # ``chunk_bytes`` of each slot are ours, at ``data`` + rank * ``stride`` in each buffer:
+        # a lane (shmcoll.lanes) uses one stretch of every slot, the whole arena uses all of it.
         self.lines = lines
         self.scratch = scratch
         self.me = me
         self.size = size
         self.data = data
         self.chunk_bytes = chunk_bytes
-        self.buffer_bytes = size * chunk_bytes
+        self.stride = stride
+        self.buffer_bytes = size * stride
         self.spin_ns = spin_ns
         self.yield_ns = yield_ns
         self.slice_ns = slice_ns
@@ -60,7 +64,7 @@ cdef class Schedule:
 
     cdef inline char *slot(self, uint32_t step, int rank) noexcept nogil:
         """Start of ``rank``'s slot in the buffer step ``step`` uses."""
-        return <char *>(self.data + (step & 1) * self.buffer_bytes + rank * self.chunk_bytes)
+        return <char *>(self.data + (step & 1) * self.buffer_bytes + rank * self.stride)
 
     def one_shot(self, uint32_t step, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize,
                  uintptr_t kernel, int64_t op, double scale, bint resume):
@@ -84,7 +88,7 @@ cdef class Schedule:
             return 0
         if _first_mismatch(self.lines, 0, self.size, step, desc) >= 0:
             return _MISMATCH
-        kernel(addr, self.slot(step, 0), self.slot(step, 1), self.size - 1, self.chunk_bytes // itemsize,
+        kernel(addr, self.slot(step, 0), self.slot(step, 1), self.size - 1, self.stride // itemsize,
                count, op, scale)
         return _DONE
 
@@ -163,7 +167,7 @@ cdef class Schedule:
             if stage == 1:
                 if c == 0 and _first_mismatch(self.lines, 0, size, publish, desc) >= 0:
                     return _MISMATCH
-                row_stride = self.chunk_bytes // itemsize
+                row_stride = self.stride // itemsize
                 if me == 0:
                     first, rows = mine + lo * itemsize, self.slot(publish, 1) + lo * itemsize
                 elif share_in_place:  # two ranks, we are rank 1
@@ -190,9 +194,13 @@ cdef class Schedule:
             c += 1
         return _DONE
 
-    def reduce_scatter(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t block_count, int itemsize,
-                       uintptr_t out, uintptr_t kernel, int64_t op, double scale, Py_ssize_t resume):
+    def reduce_scatter(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t block_count,
+                       Py_ssize_t block_stride, int itemsize, uintptr_t out, uintptr_t kernel, int64_t op,
+                       double scale, Py_ssize_t resume):
         """Reduce block r of the L blocks of ``block_count`` elements at ``addr`` into rank r's ``out``.
+
+        Block k starts ``k * block_stride`` elements after ``addr`` (``block_count``
+        unless a lane handles one stretch of every block).
 
         Step base + c + 1 publishes piece c of every block (L pieces side by
         side in our slot); we then reduce piece c of our block from every slot,
@@ -202,13 +210,13 @@ cdef class Schedule:
         """
         cdef Py_ssize_t status
         with nogil:
-            status = self._reduce_scatter(base, desc, <char *>addr, block_count, itemsize, <char *>out,
-                                          <kernel_t>kernel, op, scale, resume)
+            status = self._reduce_scatter(base, desc, <char *>addr, block_count, block_stride, itemsize,
+                                          <char *>out, <kernel_t>kernel, op, scale, resume)
         return status
 
     cdef Py_ssize_t _reduce_scatter(self, uint32_t base, uint64_t desc, char *addr, Py_ssize_t block_count,
-                                    int itemsize, char *out, kernel_t kernel, int64_t op, double scale,
-                                    Py_ssize_t resume) noexcept nogil:
+                                    Py_ssize_t block_stride, int itemsize, char *out, kernel_t kernel, int64_t op,
+                                    double scale, Py_ssize_t resume) noexcept nogil:
         cdef Py_ssize_t piece = self.chunk_bytes // (self.size * itemsize)
         cdef Py_ssize_t c = 0 if resume < 0 else resume
         cdef Py_ssize_t start, n, k
@@ -222,14 +230,14 @@ cdef class Schedule:
             if resume != c:
                 slot = self.slot(step, me)
                 for k in range(size):
-                    memcpy(slot + k * n * itemsize, addr + (k * block_count + start) * itemsize, n * itemsize)
+                    memcpy(slot + k * n * itemsize, addr + (k * block_stride + start) * itemsize, n * itemsize)
                 _post(self.lines, me, step, desc)
                 if _wait_ranks(self.lines, 0, size, me, step, self.spin_ns, self.yield_ns, self.slice_ns) >= 0:
                     return c
             if c == 0 and _first_mismatch(self.lines, 0, size, step, desc) >= 0:
                 return _MISMATCH
             kernel(<void *>self.scratch, self.slot(step, 0) + me * n * itemsize,
-                   self.slot(step, 1) + me * n * itemsize, size - 1, self.chunk_bytes // itemsize, n, op, scale)
+                   self.slot(step, 1) + me * n * itemsize, size - 1, self.stride // itemsize, n, op, scale)
             memcpy(out + start * itemsize, <void *>self.scratch, n * itemsize)
             c += 1
         return _DONE
@@ -277,3 +285,80 @@ cdef class Schedule:
                     memcpy(out + peer * out_stride + start, self.slot(step, peer), n)
             c += 1
         return _DONE
+
+    def broadcast(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root,
+                  Py_ssize_t resume):
+        """Copy ``nbytes`` at ``addr`` on ``root`` to ``addr`` on every rank.
+
+        Step base + c + 1 carries chunk c: the root fills the ``chunk_bytes`` of
+        every slot (L of them) and posts; the others post the same step with
+        nothing written (meaning "done reading earlier steps"), wait for the
+        root and copy out. Everyone checks at the first step that all are in the
+        same broadcast (a rank that wrongly believes it is the root has written too).
+        Wait position p waits for step base + p + 1; ``resume`` as in ``chunked``.
+        """
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._broadcast(base, desc, <char *>addr, nbytes, root, resume)
+        return status
+
+    cdef Py_ssize_t _broadcast(self, uint32_t base, uint64_t desc, char *addr, Py_ssize_t nbytes, int root,
+                               Py_ssize_t resume) noexcept nogil:
+        cdef Py_ssize_t capacity = self.size * self.chunk_bytes
+        cdef Py_ssize_t chunks = (nbytes + capacity - 1) // capacity
+        cdef Py_ssize_t c, start, n
+        cdef int me = self.me, size = self.size
+        cdef uint32_t step
+        # Where to pick up: chunk c, and whether its wait is behind us.
+        c = 0 if resume < 0 else (resume + 1 if me == root else resume)
+        cdef int waited = resume >= 0
+        if resume == 0 and _first_mismatch(self.lines, 0, size, <uint32_t>(base + 1), desc) >= 0:
+            return _MISMATCH
+        while c < chunks:
+            start = c * capacity
+            n = capacity if nbytes - start > capacity else nbytes - start
+            step = <uint32_t>(base + c + 1)
+            if me == root:
+                # The buffer of step s is free once every rank reached s - 1 (run() saw to it for c = 0).
+                if c > 0 and not waited and _wait_ranks(self.lines, 0, size, me, step - 1, self.spin_ns,
+                                                        self.yield_ns, self.slice_ns) >= 0:
+                    return c - 1
+                self._spread(step, addr + start, n, 1)
+                _post(self.lines, me, step, desc)
+                waited = 0
+                if c == 0:
+                    if _wait_ranks(self.lines, 0, size, me, step, self.spin_ns, self.yield_ns, self.slice_ns) >= 0:
+                        return 0
+                    if _first_mismatch(self.lines, 0, size, step, desc) >= 0:
+                        return _MISMATCH
+                    waited = 1  # every rank reached step 1: chunk 1's buffer wait is behind us too
+            else:
+                if not waited:
+                    _post(self.lines, me, step, desc)
+                    if c == 0:
+                        if _wait_ranks(self.lines, 0, size, me, step, self.spin_ns, self.yield_ns,
+                                       self.slice_ns) >= 0:
+                            return 0
+                        if _first_mismatch(self.lines, 0, size, step, desc) >= 0:
+                            return _MISMATCH
+                    elif _wait_ranks(self.lines, root, root + 1, me, step, self.spin_ns, self.yield_ns,
+                                     self.slice_ns) >= 0:
+                        return c
+                self._spread(step, addr + start, n, 0)
+                waited = 0
+            c += 1
+        return _DONE
+
+    cdef inline void _spread(self, uint32_t step, char *addr, Py_ssize_t n, int into_slots) noexcept nogil:
+        """Copy ``n`` bytes at ``addr`` into (or out of) the ``chunk_bytes`` of slot 0, 1, ... of ``step``."""
+        cdef int k = 0
+        cdef Py_ssize_t part
+        while n > 0:
+            part = self.chunk_bytes if n > self.chunk_bytes else n
+            if into_slots:
+                memcpy(self.slot(step, k), addr, part)
+            else:
+                memcpy(addr, self.slot(step, k), part)
+            addr += part
+            n -= part
+            k += 1

@@ -26,6 +26,8 @@ class Settings:
     chunk_bytes: int = 512 * KiB
     small_bytes: int = 64 * KiB
     p2p_bytes: int = 64 * KiB
+    threads: int | None = None  # lanes per rank; None: torch.get_num_threads()
+    thread_bytes: int = 512 * KiB  # least bytes per lane
     spin_us: float | None = None
     yield_us: float | None = None
     hostid: str | None = None
@@ -40,6 +42,8 @@ _PARSERS = {
     "chunk_bytes": ("SHMCOLL_CHUNK_BYTES", _bytes),
     "small_bytes": ("SHMCOLL_SMALL_BYTES", _bytes),
     "p2p_bytes": ("SHMCOLL_P2P_BYTES", _bytes),
+    "threads": ("SHMCOLL_THREADS", int),
+    "thread_bytes": ("SHMCOLL_THREAD_BYTES", _bytes),
     "spin_us": ("SHMCOLL_SPIN_US", float),
     "yield_us": ("SHMCOLL_YIELD_US", float),
     "hostid": ("SHMCOLL_HOSTID", str),
@@ -62,6 +66,10 @@ def read_settings(environ=os.environ) -> Settings:
     settings = Settings(**values)
     if settings.chunk_bytes < 4 * KiB or settings.chunk_bytes % 64:
         raise ValueError(f"SHMCOLL_CHUNK_BYTES={settings.chunk_bytes} must be a multiple of 64, at least 4096")
+    if settings.threads is not None and settings.threads < 1:
+        raise ValueError(f"SHMCOLL_THREADS={settings.threads} must be at least 1")
+    if settings.thread_bytes < 4 * KiB:
+        raise ValueError(f"SHMCOLL_THREAD_BYTES={settings.thread_bytes} must be at least 4096")
     if settings.p2p_bytes < 1 * KiB or settings.p2p_bytes % 128:
         raise ValueError(f"SHMCOLL_P2P_BYTES={settings.p2p_bytes} must be a multiple of 128, at least 1024")
     return settings

@@ -54,94 +54,57 @@ class Layout(NamedTuple):
 
     lines: int  # one control line per local rank
     channel_lines: int  # two control lines per (source, destination) channel
+    lane_lines: int  # MAX_LANES sets of one control line per local rank (shmcoll.lanes)
     data: int  # two buffers of local_size slots of chunk_bytes
     scratch: int  # local_size private areas of chunk_bytes
     channels: int  # local_size**2 channels of p2p_bytes
     total: int
 
 
+# Most lanes (threads per rank) a large collective can be split into; each has its own control
+# lines (16 x 128 B per local rank) and at least LANE_MIN_CHUNK of every slot.
+MAX_LANES = 16
+LANE_MIN_CHUNK = 1024
+
+
 def layout(local_size: int, chunk_bytes: int, p2p_bytes: int) -> Layout:
     """Where everything lives in a segment for ``local_size`` ranks."""
     channel_lines = HEADER_BYTES + local_size * LINE_BYTES
-    data = _page_up(channel_lines + local_size * local_size * 2 * LINE_BYTES)
+    lane_lines = channel_lines + local_size * local_size * 2 * LINE_BYTES
+    data = _page_up(lane_lines + MAX_LANES * local_size * LINE_BYTES)
     scratch = data + 2 * local_size * chunk_bytes
     channels = scratch + local_size * chunk_bytes
-    return Layout(HEADER_BYTES, channel_lines, data, scratch, channels, channels + local_size * local_size * p2p_bytes)
+    return Layout(HEADER_BYTES, channel_lines, lane_lines, data, scratch, channels,
+                  channels + local_size * local_size * p2p_bytes)
 
 
 def _page_up(offset: int) -> int:
     return (offset + PAGE - 1) // PAGE * PAGE
 
 
-class Arena:
-    """This rank's handle on the node's shared segment: slots, steps and waits."""
+class Steps:
+    """One sequence of steps over one set of control lines (one line per local rank), and the
+    C schedules that run over the buffers it owns: the whole arena's, or one lane's."""
 
-    def __init__(self, segment, local_rank: int, local_size: int, chunk_bytes: int, p2p_bytes: int,
-                 timeout: timedelta, spin_ns: int, yield_ns: int, ranks: list[int]):
-        self.segment = segment
-        self.local_rank = local_rank
-        self.local_size = local_size
-        self.chunk_bytes = chunk_bytes
-        self.p2p_bytes = p2p_bytes
-        self.timeout_s = timeout.total_seconds()
-        self.spin_ns = spin_ns
-        self.yield_ns = yield_ns
-        self.ranks = ranks  # group rank of each local rank, for messages
-        base = segment.address
-        regions = layout(local_size, chunk_bytes, p2p_bytes)
-        self.lines = base + regions.lines
-        self.channel_lines = base + regions.channel_lines
-        self.channel_data = base + regions.channels
-        self.data = base + regions.data
-        self.scratch = base + regions.scratch + local_rank * chunk_bytes  # ours alone
-        self.buffer_bytes = local_size * chunk_bytes
+    def __init__(self, arena: "Arena", lines: int, chunk_bytes: int, data: int, scratch: int):
+        self.arena = arena
+        self.lines = lines
+        self.local_rank = arena.local_rank
+        self.local_size = arena.local_size
+        self.chunk_bytes = chunk_bytes  # of every slot and of our scratch, from data and scratch on
+        self.watch = arena.watch
+        self.spin_ns, self.yield_ns = arena.spin_ns, arena.yield_ns
         self.step = 0  # last step this rank posted
         self.all_reached = 0  # highest step every local rank is known to have reached
-        self._raw = np.frombuffer(segment, dtype=np.uint8)
-        self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
-        self._line_words = self._raw[HEADER_BYTES:HEADER_BYTES + local_size * LINE_BYTES].view(np.int32)
-        self._header = self._raw[:HEADER_BYTES].view(np.uint64)
-        self.describe = None  # set by the group: () -> text naming the collective in progress, for errors
-        self.watch = waits.Watch(local_rank, ranks, self.timeout_s, self.pid, self._abandoned_by)
-        # Reductions run whole in C over this arena (shmcoll._reduce).
-        self.schedule = _reduce.Schedule(self.lines, local_rank, local_size, self.data, self.scratch,
-                                         chunk_bytes, spin_ns, yield_ns, _SLICE_NS)
-
-    # -- layout --------------------------------------------------------------
-
-    def slot(self, buffer: int, local_rank: int) -> int:
-        """Address of ``local_rank``'s slot in ``buffer``."""
-        return self.data + buffer * self.buffer_bytes + local_rank * self.chunk_bytes
-
-    def channel(self, source: int, destination: int) -> tuple[int, int]:
-        """(control lines, data) addresses of the channel from ``source`` to ``destination``."""
-        index = source * self.local_size + destination
-        return (self.channel_lines + index * 2 * LINE_BYTES, self.channel_data + index * self.p2p_bytes)
-
-    def rows(self, buffer: int, dtype: np.dtype) -> np.ndarray:
-        """``buffer`` as a (local_size, chunk elements) array of ``dtype``; row r is rank r's slot."""
-        view = self._views.get((buffer, dtype))
-        if view is None:
-            start = self.data - self.segment.address + buffer * self.buffer_bytes
-            view = self._raw[start:start + self.buffer_bytes].view(dtype).reshape(self.local_size, -1)
-            self._views[(buffer, dtype)] = view
-        return view
-
-    def scratch_view(self, dtype: np.dtype) -> np.ndarray:
-        """Our private scratch area as ``dtype`` elements."""
-        view = self._views.get(("scratch", dtype))
-        if view is None:
-            start = self.scratch - self.segment.address
-            view = self._views[("scratch", dtype)] = self._raw[start:start + self.chunk_bytes].view(dtype)
-        return view
+        # Reductions and bulk moves run whole in C over these buffers (shmcoll._reduce).
+        self.schedule = _reduce.Schedule(lines, self.local_rank, self.local_size, data, scratch, chunk_bytes,
+                                         arena.slot_stride, self.spin_ns, self.yield_ns, _SLICE_NS)
 
     def set_waits(self, spin_ns: int, yield_ns: int) -> None:
         """Spin and yield budgets of the waits that follow (the futex sleep comes after them)."""
         if spin_ns != self.spin_ns or yield_ns != self.yield_ns:
             self.spin_ns, self.yield_ns = spin_ns, yield_ns
             self.schedule.set_waits(spin_ns, yield_ns)
-
-    # -- steps ---------------------------------------------------------------
 
     def begin_write(self) -> int:
         """The step about to be posted, once its buffer is free to overwrite."""
@@ -188,16 +151,95 @@ class Arena:
         if other >= 0:
             from shmcoll.ops import describe_desc
 
+            ranks = self.arena.ranks
             raise CollectiveError(
-                f"mismatched collectives: rank {self.ranks[self.local_rank]} called "
-                f"{describe_desc(desc)} but rank {self.ranks[other]} called "
+                f"mismatched collectives: rank {ranks[self.local_rank]} called "
+                f"{describe_desc(desc)} but rank {ranks[other]} called "
                 f"{describe_desc(_sync.load_desc(self.lines, other, step & 0xFFFFFFFF))} at the same point"
             )
 
     def _wait_slow(self, local_ranks, step: int) -> None:
         """The rest of a wait whose first slice ended: in slices, through the one funnel (``shmcoll.waits``)."""
+        describe = self.arena.describe
         waits.until_reached(self.watch, self.lines, local_ranks, step,
-                            lambda: self.describe() if self.describe else f"step {step}")
+                            lambda: describe() if describe else f"step {step}")
+
+
+class Arena(Steps):
+    """This rank's handle on the node's shared segment: slots, steps and waits.
+
+    Its own steps serve every collective; a large one may instead run in
+    several lanes at once (``lanes``, ``shmcoll.lanes``), each with steps of its own
+    over one stretch of every slot.
+    """
+
+    def __init__(self, segment, local_rank: int, local_size: int, chunk_bytes: int, p2p_bytes: int,
+                 timeout: timedelta, spin_ns: int, yield_ns: int, ranks: list[int]):
+        self.segment = segment
+        self.local_rank = local_rank
+        self.local_size = local_size
+        self.p2p_bytes = p2p_bytes
+        self.timeout_s = timeout.total_seconds()
+        self.spin_ns = spin_ns
+        self.yield_ns = yield_ns
+        self.ranks = ranks  # group rank of each local rank, for messages
+        base = segment.address
+        regions = layout(local_size, chunk_bytes, p2p_bytes)
+        self.channel_lines = base + regions.channel_lines
+        self.channel_data = base + regions.channels
+        self._lane_lines = base + regions.lane_lines
+        self.data = base + regions.data
+        self.scratch = base + regions.scratch + local_rank * chunk_bytes  # ours alone
+        self.slot_stride = chunk_bytes
+        self.buffer_bytes = local_size * chunk_bytes
+        self._raw = np.frombuffer(segment, dtype=np.uint8)
+        self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
+        self._line_words = self._raw[HEADER_BYTES:HEADER_BYTES + local_size * LINE_BYTES].view(np.int32)
+        self._header = self._raw[:HEADER_BYTES].view(np.uint64)
+        self.describe = None  # set by the group: () -> text naming the collective in progress, for errors
+        self.watch = waits.Watch(local_rank, ranks, self.timeout_s, self.pid, self._abandoned_by)
+        self._lanes: list[Steps] = []
+        super().__init__(self, base + regions.lines, chunk_bytes, self.data, self.scratch)
+
+    # -- layout --------------------------------------------------------------
+
+    def slot(self, buffer: int, local_rank: int) -> int:
+        """Address of ``local_rank``'s slot in ``buffer``."""
+        return self.data + buffer * self.buffer_bytes + local_rank * self.chunk_bytes
+
+    def channel(self, source: int, destination: int) -> tuple[int, int]:
+        """(control lines, data) addresses of the channel from ``source`` to ``destination``."""
+        index = source * self.local_size + destination
+        return (self.channel_lines + index * 2 * LINE_BYTES, self.channel_data + index * self.p2p_bytes)
+
+    def lanes(self, count: int, of: int) -> list[Steps]:
+        """The first ``count`` of ``of`` lanes: lane j owns the j-th of ``of`` equal stretches of every
+        slot and of our scratch, and control lines of its own. ``of`` is fixed for the group's life."""
+        if not self._lanes:
+            width = self.chunk_bytes // of // 64 * 64
+            self._lanes = [Steps(self, self._lane_lines + j * self.local_size * LINE_BYTES, width,
+                                 self.data + j * width, self.scratch + j * width) for j in range(of)]
+            self._set_lane_waits()
+        return self._lanes[:count]
+
+    def rows(self, buffer: int, dtype: np.dtype) -> np.ndarray:
+        """``buffer`` as a (local_size, chunk elements) array of ``dtype``; row r is rank r's slot."""
+        view = self._views.get((buffer, dtype))
+        if view is None:
+            start = self.data - self.segment.address + buffer * self.buffer_bytes
+            view = self._raw[start:start + self.buffer_bytes].view(dtype).reshape(self.local_size, -1)
+            self._views[(buffer, dtype)] = view
+        return view
+
+    def set_waits(self, spin_ns: int, yield_ns: int) -> None:
+        super().set_waits(spin_ns, yield_ns)
+        self._set_lane_waits()
+
+    def _set_lane_waits(self) -> None:
+        # Lanes never spin: they serve large messages only, where a wait is rarely a
+        # matter of microseconds, and their threads may well outnumber the cores.
+        for lane in self._lanes:
+            lane.set_waits(0, self.yield_ns)
 
     def abort(self, why: str) -> None:
         """Every wait on this arena raises within a slice, here (``why``) and on the local peers (``abandon``)."""

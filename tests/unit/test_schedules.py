@@ -155,3 +155,92 @@ def test_allgather_resume(size, monkeypatch):
     del handles
     segment.close()
 
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("root", [0, 1])
+def test_broadcast_resume(size, root, monkeypatch):
+    from shmcoll.algorithms import broadcast
+
+    segment, handles = _arenas(size, monkeypatch)
+    for nbytes in (1, 7, size * CHUNK, 3 * size * CHUNK + 5):
+        data = np.random.default_rng(nbytes).integers(0, 255, nbytes, dtype=np.uint8)
+        buffers = [data.copy() if r == root else np.zeros(nbytes, np.uint8) for r in range(size)]
+        _run_ranks(size, lambda rank: broadcast.broadcast(handles[rank], buffers[rank].ctypes.data, nbytes, root, 66))
+        for r in range(size):
+            assert np.array_equal(buffers[r], data), (nbytes, r)
+    del handles
+    segment.close()
+
+
+def _with_lanes(size: int, lanes: int, body, monkeypatch):
+    """Run ``body(rank, Lanes)`` on ``size`` thread-ranks whose collectives split into up to ``lanes`` lanes."""
+    from shmcoll.lanes import Lanes
+
+    segment, handles = _arenas(size, monkeypatch)
+    pools = [Lanes(handles[r], lanes, 4096, f"rank{r}") for r in range(size)]
+    try:
+        _run_ranks(size, lambda rank: body(rank, pools[rank]))
+    finally:
+        for pool in pools:
+            pool.close()
+        del handles
+        segment.close()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_lanes_give_one_threads_bits(size, monkeypatch):
+    """Every lane-split collective equals its one-lane result bit for bit, and the reference."""
+    from shmcoll.algorithms import allgather, broadcast
+
+    count = 5 * CHUNK + 13  # float32: several lanes, several steps per lane, a ragged end
+    inputs = _inputs(size, count * size, np.float32, 5)
+    entry = kernel_library.entry_point("float32")
+    results = {}
+    for lanes in (1, 2, 3, 4):
+        out = {"ar": [x[:count].copy() for x in inputs], "red": [x[:count].copy() for x in inputs],
+               "rs": [np.zeros(count, np.float32) for _ in range(size)],
+               "ag": [np.zeros(size * count * 4, np.uint8) for _ in range(size)],
+               "bc": [x[:count].copy() for x in inputs]}
+
+        def body(rank, pool):
+            for _ in range(2):  # lanes and arena steps carry over from one collective to the next
+                out["ar"][rank][:] = inputs[rank][:count]
+                a = out["ar"][rank].ctypes.data
+                pool.run(7, count, 4, lambda s, lo, hi: allreduce.reduce_scatter_allgather(
+                    s, a + 4 * lo, hi - lo, 4, entry, kernels.SUM, 1.0, 7))
+            r_ = out["red"][rank].ctypes.data
+            pool.run(8, count, 4, lambda s, lo, hi: allreduce.reduce_scatter_allgather(
+                s, r_ + 4 * lo, hi - lo, 4, entry, kernels.SUM, 1.0, 8, root=1))
+            src, dst = inputs[rank].ctypes.data, out["rs"][rank].ctypes.data
+            pool.run(9, count, 4, lambda s, lo, hi: reduce_scatter.reduce_scatter(
+                s, src + 4 * lo, hi - lo, 4, entry, kernels.SUM, 1.0, dst + 4 * lo, 9, block_stride=count))
+            g = out["ag"][rank].ctypes.data
+            pool.run(10, count * 4, 1, lambda s, lo, hi: allgather.allgather_strided(
+                s, src + lo, hi - lo, g + lo, count * 4, 10))
+            b = out["bc"][rank].ctypes.data
+            pool.run(11, count * 4, 1, lambda s, lo, hi: broadcast.broadcast(s, b + lo, hi - lo, 0, 11))
+            # and a one-shot on the arena's own steps right after the lanes (the fence)
+            allreduce.one_shot(pool.arena, out["bc"][rank][:5].ctypes.data, 5, 4, entry, kernels.MAX,
+                               1.0, 12)
+
+        _with_lanes(size, lanes, body, monkeypatch)
+        results[lanes] = out
+    stacked = np.stack(inputs)
+    expected_sum = np.sum(stacked[:, :count].astype(np.float64), axis=0)
+    expected_rs = np.sum(stacked.astype(np.float64), axis=0).reshape(size, count)
+    for r in range(size):
+        np.testing.assert_allclose(results[1]["ar"][r], expected_sum, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(results[1]["red"][1], expected_sum, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(results[1]["rs"][r], expected_rs[r], rtol=1e-5, atol=1e-5)
+        assert results[1]["ag"][r].tobytes() == b"".join(x[:count].tobytes() for x in inputs)
+        bc = inputs[0][:count].copy()
+        bc[:5] = np.max(np.stack([inputs[0][:5]] * size), axis=0)
+        assert np.array_equal(results[1]["bc"][r], bc)
+    for lanes in (2, 3, 4):
+        for name, per_rank in results[lanes].items():
+            for r in range(size):
+                if name == "red" and r != 1:
+                    continue
+                assert per_rank[r].tobytes() == results[1][name][r].tobytes(), (lanes, name, r)
+

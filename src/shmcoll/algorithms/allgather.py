@@ -10,7 +10,7 @@ from shmcoll.algorithms import schedule
 def allgather(arena, addr: int, nbytes: int, outputs, desc: int) -> None:
     """``outputs``: one address per local rank, or (base, stride) for a contiguous output."""
     if isinstance(outputs, tuple):
-        return _allgather_strided(arena, addr, nbytes, *outputs, desc)
+        return allgather_strided(arena, addr, nbytes, *outputs, desc)
     me, size, chunk = arena.local_rank, arena.local_size, arena.chunk_bytes
     start = 0
     while True:
@@ -29,7 +29,8 @@ def allgather(arena, addr: int, nbytes: int, outputs, desc: int) -> None:
             return
 
 
-def _allgather_strided(arena, addr: int, nbytes: int, out: int, stride: int, desc: int) -> None:
+def allgather_strided(arena, addr: int, nbytes: int, out: int, stride: int, desc: int) -> None:
+    """Rank r's ``nbytes`` at ``addr`` go to ``out + r * stride`` on every rank."""
     call = arena.schedule.allgather
     schedule.run(arena, desc, lambda base, resume: call(base, desc, addr, nbytes, out, stride, resume),
                  steps=-(-nbytes // arena.chunk_bytes))  # one per chunk

@@ -1,27 +1,15 @@
-"""Broadcast: the root fills a whole buffer (all L slots) per step; the others copy it out."""
-from shmcoll._copy import copy
+"""Broadcast: the root fills a whole buffer (every slot) per step; the others copy it out.
+
+The whole schedule runs in ``shmcoll._reduce`` (see algorithms/allreduce.py).
+"""
+from shmcoll.algorithms import schedule
 
 
 def broadcast(arena, addr: int, nbytes: int, root: int, desc: int) -> None:
     """Copy ``nbytes`` at ``addr`` on local rank ``root`` to ``addr`` on every local rank."""
-    me = arena.local_rank
-    capacity = arena.buffer_bytes
-    for start in range(0, nbytes, capacity):
-        n = min(capacity, nbytes - start)
-        if me == root:
-            step = arena.begin_write()
-            copy(arena.slot(step & 1, 0), addr + start, n)
-            arena.post(step, desc)
-        else:
-            # Posting with nothing written tells the root we finished reading earlier steps.
-            step = arena.next_step()
-            arena.post(step, desc)
-        if start == 0:
-            # Everyone, the root too, checks that every rank is in this same broadcast before
-            # anyone reads: a rank that believes it is the root has written the buffer as well.
-            arena.wait_all(step)
-            arena.check_same_collective(step, desc)
-        elif me != root:
-            arena.wait_rank(root, step)
-        if me != root:
-            copy(addr + start, arena.slot(step & 1, 0), n)
+    call = arena.schedule.broadcast
+    steps = -(-nbytes // (arena.local_size * arena.chunk_bytes))  # one per buffer-full
+    # Every rank waits for all at the first step (the check that all are in this broadcast), later
+    # only for the root.
+    schedule.run(arena, desc, lambda base, resume: call(base, desc, addr, nbytes, root, resume),
+                 steps=steps, last_waits_for_all=steps == 1)

@@ -8,10 +8,12 @@ from shmcoll.algorithms import schedule
 
 
 def reduce_scatter(arena, addr: int, block_count: int, itemsize: int, kernel: int, op: int, scale: float,
-                   out_addr: int, desc: int) -> None:
-    """``addr``: L blocks of ``block_count`` elements; our block's reduction goes to ``out_addr``."""
+                   out_addr: int, desc: int, block_stride: int | None = None) -> None:
+    """``addr``: L blocks of ``block_count`` elements, ``block_stride`` elements apart (default: back to
+    back); our block's reduction goes to ``out_addr``."""
     call = arena.schedule.reduce_scatter
+    stride = block_count if block_stride is None else block_stride
     piece = arena.chunk_bytes // (arena.local_size * itemsize)  # elements of each block per step
-    schedule.run(arena, desc, lambda base, resume: call(base, desc, addr, block_count, itemsize, out_addr,
-                                                        kernel, op, scale, resume),
+    schedule.run(arena, desc, lambda base, resume: call(base, desc, addr, block_count, stride, itemsize,
+                                                        out_addr, kernel, op, scale, resume),
                  steps=-(-block_count // piece))

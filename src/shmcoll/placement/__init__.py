@@ -28,7 +28,9 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from shmcoll import topology
+from shmcoll import lanes, topology
+from shmcoll.arena import LANE_MIN_CHUNK, MAX_LANES
+from shmcoll.lanes import Lanes
 from shmcoll.node_arena import open_node_arena
 
 
@@ -44,6 +46,16 @@ def wait_policy(settings, local_size: int) -> tuple[int, int]:
     spin_us = settings.spin_us if settings.spin_us is not None else (0.0 if oversubscribed else 20.0)
     yield_us = settings.yield_us if settings.yield_us is not None else (200.0 if oversubscribed else 500.0)
     return int(spin_us * 1000), int(yield_us * 1000)
+
+
+def lanes_wanted(settings) -> int:
+    """Threads this rank would give a large collective: ``SHMCOLL_THREADS``, else what the user chose for
+    the rank's computation (torch's thread count, which OMP_NUM_THREADS and torchrun set), within what
+    the arena can split into."""
+    import torch
+
+    wanted = settings.threads if settings.threads is not None else torch.get_num_threads()
+    return max(1, min(wanted, MAX_LANES, settings.chunk_bytes // LANE_MIN_CHUNK))
 
 
 class WaitBudgets:
@@ -95,5 +107,7 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
         arena.describe = describe
     waits = WaitBudgets(settings, len(topo.local_ranks))
     if topo.single_node:
-        return OneNode(arena, rank, settings, waits)
+        return OneNode(arena, rank, settings, waits,
+                       Lanes(arena, lanes.agree(store, keys, rank, topo.local_ranks, lanes_wanted(settings)),
+                             settings.thread_bytes, f"rank{rank}"))
     return Nodes(store, rank, size, timeout, topo, arena, keys, waits)

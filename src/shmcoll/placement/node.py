@@ -21,10 +21,11 @@ def _nbytes(tensor: torch.Tensor) -> int:
 class OneNode:
     """The group's placement when all its ranks share one arena."""
 
-    def __init__(self, arena, rank: int, settings, waits):
+    def __init__(self, arena, rank: int, settings, waits, lanes):
         self.arena = arena
         self.rank = rank
         self.waits = waits  # placement.WaitBudgets
+        self.lanes = lanes  # large collectives over several threads (shmcoll.lanes)
         self.p2p = PointToPoint(arena, f"rank{rank}")
         # All-reduces up to this size exchange everything in one step (one slot per rank).
         self.one_shot_bytes = min(settings.small_bytes, arena.chunk_bytes)
@@ -38,9 +39,13 @@ class OneNode:
         count, itemsize = flat.numel(), flat.element_size()
         if count == 0:  # still a collective: a rank that brings data must not wait alone
             return barrier.barrier(self.arena, desc)
-        plan = allreduce.one_shot if count * itemsize <= self.one_shot_bytes else allreduce.reduce_scatter_allgather
         work = staged(flat)
-        plan(self.arena, work.data_ptr(), count, itemsize, red.kernel, red.op.kernel, red.scale, desc)
+        addr = work.data_ptr()
+        if count * itemsize <= self.one_shot_bytes:
+            allreduce.one_shot(self.arena, addr, count, itemsize, red.kernel, red.op.kernel, red.scale, desc)
+        else:
+            self.lanes.run(desc, count, itemsize, lambda steps, lo, hi: allreduce.reduce_scatter_allgather(
+                steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale, desc))
         unstage(flat, work)
 
     def one_shot(self, tensor: torch.Tensor, count: int, red: ops.Reduction, desc: int) -> None:
@@ -53,8 +58,9 @@ class OneNode:
         if flat.numel() == 0:
             return barrier.barrier(self.arena, desc)
         work = staged(flat)
-        allreduce.reduce_scatter_allgather(self.arena, work.data_ptr(), flat.numel(), flat.element_size(),
-                                           red.kernel, red.op.kernel, red.scale, desc, root=root)
+        addr, itemsize = work.data_ptr(), flat.element_size()
+        self.lanes.run(desc, flat.numel(), itemsize, lambda steps, lo, hi: allreduce.reduce_scatter_allgather(
+            steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale, desc, root=root))
         if self.rank == root:
             unstage(flat, work)
 
@@ -65,8 +71,10 @@ class OneNode:
         if out.numel() == 0:
             return barrier.barrier(self.arena, desc)
         target = staged(out)
-        reduce_scatter.reduce_scatter(self.arena, source.data_ptr(), out.numel(), out.element_size(), red.kernel,
-                                      red.op.kernel, red.scale, target.data_ptr(), desc)
+        addr, into, block, itemsize = source.data_ptr(), target.data_ptr(), out.numel(), out.element_size()
+        self.lanes.run(desc, block, itemsize, lambda steps, lo, hi: reduce_scatter.reduce_scatter(
+            steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale,
+            into + lo * itemsize, desc, block_stride=block))
         unstage(out, target)
 
     # -- data movement -------------------------------------------------------
@@ -75,7 +83,9 @@ class OneNode:
         if tensor.numel() == 0:
             return barrier.barrier(self.arena, desc)
         work = staged(tensor)
-        broadcast.broadcast(self.arena, work.data_ptr(), _nbytes(tensor), root, desc)
+        addr = work.data_ptr()
+        self.lanes.run(desc, _nbytes(tensor), 1, lambda steps, lo, hi: broadcast.broadcast(
+            steps, addr + lo, hi - lo, root, desc))
         unstage(tensor, work)
 
     def allgather(self, outputs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
@@ -93,7 +103,9 @@ class OneNode:
             return barrier.barrier(self.arena, desc)
         source = input.contiguous()
         target = staged_empty(output)
-        allgather.allgather(self.arena, source.data_ptr(), nbytes, (target.data_ptr(), nbytes), desc)
+        addr, out = source.data_ptr(), target.data_ptr()
+        self.lanes.run(desc, nbytes, 1, lambda steps, lo, hi: allgather.allgather_strided(
+            steps, addr + lo, hi - lo, out + lo, nbytes, desc))
         unstage(output, target)
 
     def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int, desc: int) -> None:
@@ -162,6 +174,8 @@ class OneNode:
         return [f"  arena: {arena.segment.size / 2**20:.1f} MiB for {arena.local_size} local ranks, "
                 f"{s.chunk_bytes // 1024} KiB chunks, {s.p2p_bytes // 1024} KiB p2p channels",
                 f"  all_reduce: one-shot up to {self.one_shot_bytes} B, chunked reduce-scatter + all-gather above",
+                f"  threads per collective: up to {self.lanes.count} (one per {s.thread_bytes // 1024} KiB "
+                f"of message)",
                 self.waits.describe()]
 
     def abort(self, why: str) -> None:
@@ -170,7 +184,10 @@ class OneNode:
             self.arena.abort(why)
 
     def close(self) -> None:
-        """Stop the p2p thread and unmap the arena (every later use raises)."""
+        """Stop the lane and p2p threads and unmap the arena (every later use raises)."""
+        if self.lanes is not None:
+            self.lanes.close()
+            self.lanes = None
         if self.p2p is not None:
             self.p2p.close()
             self.p2p = None

@@ -1,0 +1,39 @@
+"""The collective matrix with several threads per rank (``SHMCOLL_THREADS``), on however many cores.
+
+On the 2-core machine this oversubscribes (3 ranks x 4 threads), which is the
+point: lanes must pair, fence and finish whatever the scheduling. Small chunks
+and a 4 KiB lane minimum put every multi-chunk path of every lane-split
+collective within reach of small inputs; the scenarios' values are exact under
+any order, so each result must equal the reference bit for bit
+(tests/unit/test_schedules.py checks bitwise equality with one thread on
+random data).
+"""
+import pytest
+
+from tests.harness import assert_job_passes, shm_entries, spawn
+
+LANES = {"SHMCOLL_CHUNK_BYTES": "8192", "SHMCOLL_SMALL_BYTES": "1024", "SHMCOLL_THREAD_BYTES": "4096"}
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_all_reduce_matrix(world_size, threads):
+    before = shm_entries()
+    result = spawn("tests.scenarios:allreduce_matrix", world_size, env={**LANES, "SHMCOLL_THREADS": str(threads)},
+                   args=["20011"])
+    assert_job_passes(result, min_cases=300)
+    assert shm_entries() - before == set()
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("scenario", ["data_movement", "rooted_and_scattered", "in_place_overlap"])
+def test_other_collectives(scenario, threads):
+    result = spawn(f"tests.scenarios:{scenario}", 3, env={**LANES, "SHMCOLL_THREADS": str(threads)})
+    assert_job_passes(result, min_cases=6)
+
+
+def test_ranks_asking_for_different_thread_counts_agree():
+    """Lanes must pair: a rank with 1 thread and ranks with 4 run with the least (1), correctly."""
+    result = spawn("tests.scenarios:data_movement", 3, env=LANES,
+                   rank_env=lambda rank: {"SHMCOLL_THREADS": "1" if rank == 1 else "4"})
+    assert_job_passes(result, min_cases=6)
