@@ -715,3 +715,29 @@ def no_numba_after_init(cases):
         cases.check(f"no_numba/{dtype}", torch.equal(t, expected), f"rank {rank}: {t[:4].tolist()}")
     loaded = sorted(name for name in sys.modules if name == "numba" or name.startswith(("numba.", "llvmlite")))
     cases.check("no_numba/modules", not loaded, f"rank {rank} imported {loaded[:5]}")
+
+
+def lane_threads_sleep(cases):
+    """After a collective split over lanes, the lane threads take no CPU while nothing runs."""
+    import threading
+    import time
+
+    x = torch.ones(1 << 20)  # 4 MiB: several lanes at the default SHMCOLL_THREAD_BYTES
+    dist.all_reduce(x)
+    cases.check("lanes/result", bool((x == dist.get_world_size()).all()), "wrong all_reduce result")
+    lanes = [t for t in threading.enumerate() if t.name.startswith("shmcoll-lane")]
+    cases.check("lanes/started", len(lanes) >= 1, f"no lane threads among {[t.name for t in threading.enumerate()]}")
+
+    def ticks() -> int:  # user + system time of the lane threads, in clock ticks
+        total = 0
+        for t in lanes:
+            with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        return total
+
+    before = ticks()
+    time.sleep(1.0)
+    used = ticks() - before
+    cases.check("lanes/idle", used <= 2, f"idle lane threads used {used} clock ticks in 1 s")
+    dist.barrier()

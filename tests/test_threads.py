@@ -37,3 +37,8 @@ def test_ranks_asking_for_different_thread_counts_agree():
     result = spawn("tests.scenarios:data_movement", 3, env=LANES,
                    rank_env=lambda rank: {"SHMCOLL_THREADS": "1" if rank == 1 else "4"})
     assert_job_passes(result, min_cases=6)
+
+
+def test_idle_lane_threads_sleep():
+    result = spawn("tests.scenarios:lane_threads_sleep", 2, env={"SHMCOLL_THREADS": "4"})
+    assert_job_passes(result, min_cases=3)

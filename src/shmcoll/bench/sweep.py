@@ -367,7 +367,7 @@ def timed_round(fn, ctrl: Ctrl, iters: int) -> float:
 
 
 def measure_memcpy(ctrl: Ctrl, nbytes: int, seconds: float) -> list:
-    """Single-thread copy bandwidth (GB/s, bytes copied per second) of every rank, measured
+    """Copy bandwidth (GB/s, bytes copied per second, torch's threads) of every rank, measured
     while all ranks copy at the same time."""
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
     dst = torch.empty_like(src)
@@ -486,6 +486,9 @@ def parse_args(argv=None):
                    help="buffer size of the memcpy ceiling measurement (default 64M)")
     p.add_argument("--memcpy-time", type=float, default=None,
                    help="seconds of the memcpy measurement (default 0.5; 0.1 with --quick)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per rank (default 1), set before the groups are made: shm splits large "
+                        "messages over as many (see SHMCOLL_THREADS), and the memcpy ceiling copies with them")
     p.add_argument("--no-check", action="store_true", help="skip the correctness spot checks")
     p.add_argument("--timeout", type=float, default=600, help="process-group timeout, seconds")
     args = p.parse_args(argv)
@@ -634,7 +637,7 @@ def check_point(case: OpCase, labels, groups, ctrl, ref_idx, salt, usable, args)
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:
@@ -683,7 +686,7 @@ def run(args, labels, groups, ctrl) -> int:
         out.write(f"- method: {args.rounds} interleaved rounds per backend of ~{args.iters_time:g} s; "
                   f"latency = median over rounds of the slowest rank's time per call; "
                   f"bytes = nccl-tests size (all_gather: output, reduce_scatter: input)\n")
-        out.write(f"- memcpy ceiling (torch copy_, 1 thread, {fmt_bytes(args.memcpy_bytes)}, "
+        out.write(f"- memcpy ceiling (torch copy_, {args.threads} thread(s), {fmt_bytes(args.memcpy_bytes)}, "
                   f"all {world} ranks at once): {memcpy_gbps:.2f} GB/s per rank, mean "
                   f"(ranks: {', '.join(f'{v:.2f}' for v in memcpy)}; sum {sum(memcpy):.2f})\n\n")
         out.flush()
@@ -808,7 +811,7 @@ def run(args, labels, groups, ctrl) -> int:
                 "memcpy_gbps": memcpy_gbps,
                 "memcpy_gbps_per_rank": memcpy,
                 "memcpy_gbps_sum": sum(memcpy),
-                "memcpy_method": "torch copy_ of a uint8 buffer, 1 thread, all ranks at once; "
+                "memcpy_method": f"torch copy_ of a uint8 buffer, {args.threads} thread(s), all ranks at once; "
                                  "GB/s = bytes copied / s (1e9); memcpy_gbps = mean over ranks",
                 "memcpy_bytes": args.memcpy_bytes,
                 "rows": rows,
