@@ -210,11 +210,13 @@ def _session_dirs():
 # -- 1. a peer dies in the middle of a collective loop -----------------------------
 
 @pytest.mark.parametrize("victim", [2, 0])
-@pytest.mark.parametrize("numel", [2, 1 << 20], ids=["8B", "4MiB"])
-def test_dead_peer_is_reported_quickly(numel, victim):
-    """SIGKILL one of 3 ranks mid-loop: the survivors raise naming it within 2 s (timeout 60 s), exit 0."""
+@pytest.mark.parametrize("numel,threads", [(2, 1), (1 << 20, 1), (1 << 20, 3)], ids=["8B", "4MiB", "4MiB-3lanes"])
+def test_dead_peer_is_reported_quickly(numel, threads, victim):
+    """SIGKILL one of 3 ranks mid-loop: the survivors raise naming it within 2 s (timeout 60 s), exit 0;
+    with 3 threads per rank every lane of the all_reduce must notice."""
     kill_at = 300 if numel == 2 else 30
-    job = Job("dead_peer", 3, args={"victim": victim, "kill_at": kill_at, "numel": numel, "timeout": 60})
+    job = Job("dead_peer", 3, args={"victim": victim, "kill_at": kill_at, "numel": numel, "timeout": 60},
+              env={"SHMCOLL_THREADS": str(threads)})
     survivors = [r for r in range(3) if r != victim]
     deadline = time.monotonic() + 60
     while not os.path.exists(os.path.join(job.dir, "kill_time")) and time.monotonic() < deadline \
@@ -238,7 +240,7 @@ def test_dead_peer_is_reported_quickly(numel, victim):
         assert "RuntimeError" in err["mro"], err
         assert rep["wrong_results"] == 0
         assert job.exitcode(r) == 0, f"rank {r} exit {job.exitcode(r)}:\n{job.log(r)}"
-    record(f"dead_peer-{numel * 4}B-victim{victim}", figures)
+    record(f"dead_peer-{numel * 4}B-{threads}threads-victim{victim}", figures)
     assert job.leftovers() == []
 
 

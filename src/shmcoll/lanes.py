@@ -71,12 +71,24 @@ class Lanes:
         steps = self.arena.lanes(lanes, self.count)
         barrier.barrier(self.arena, desc)  # fence: nobody still reads an earlier step of the arena
         parts = bounds(count, lanes, max(1, 64 // itemsize))
+
+        def lane(j: int) -> None:
+            try:
+                job(steps[j], *parts[j])
+            except ShmcollError:
+                raise  # seen by every lane on every rank (a death, a mismatch, a timeout, an abort)
+            except BaseException:
+                # Ours alone: the same lane of the peers, and through them our other lanes, would wait
+                # for this one until the timeout. Giving up makes every such wait raise within a slice.
+                self.arena.abandon()
+                raise
+
         self._start_workers(lanes - 1)
         for j in range(1, lanes):
-            self._workers[j - 1].give(lambda j=j: job(steps[j], *parts[j]))
+            self._workers[j - 1].give(lambda j=j: lane(j))
         errors = []
         try:
-            job(steps[0], *parts[0])
+            lane(0)
         except BaseException as error:
             errors.append((0, error))
         errors += self._collect(lanes - 1)
@@ -114,13 +126,16 @@ class Lanes:
 
 
 def _first(errors):
-    """The error to raise for a collective whose lanes failed: the lowest lane's, preferring our own
-    kinds (a peer's death or a mismatch seen by every lane) over anything else."""
-    errors.sort(key=lambda item: (not isinstance(item[1], ShmcollError), item[0]))
+    """The error to raise for a collective whose lanes failed. A failure of one lane alone (not ours:
+    a bug, memory) is the cause, and what the other lanes raised after it gave up is its echo; else
+    the lowest lane's (a death, a mismatch or a timeout reaches every lane alike)."""
+    errors.sort(key=lambda item: (isinstance(item[1], ShmcollError), item[0]))
     lane, error = errors[0]
-    if isinstance(error, ShmcollError) or lane == 0:
+    if isinstance(error, ShmcollError):
         return error
-    return ShmcollError(f"lane {lane} failed: {type(error).__name__}: {error}")
+    wrapped = ShmcollError(f"lane {lane} of this collective failed: {type(error).__name__}: {error}")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 class _Worker:

@@ -244,3 +244,35 @@ def test_lanes_give_one_threads_bits(size, monkeypatch):
                     continue
                 assert per_rank[r].tobytes() == results[1][name][r].tobytes(), (lanes, name, r)
 
+
+
+def test_a_failing_lane_fails_the_collective_everywhere_without_waiting_for_the_timeout(monkeypatch):
+    """Lane 2 of rank 0 raises before posting anything: every rank raises within seconds (timeout 30 s)."""
+    import time
+
+    from shmcoll.errors import ShmcollError
+
+    count = 8 * CHUNK
+    data = [np.ones(count, np.float32) for _ in range(2)]
+    entry = kernel_library.entry_point("float32")
+    raised = {}
+
+    def body(rank, pool):
+        a = data[rank].ctypes.data
+
+        def job(steps, lo, hi):
+            if rank == 0 and steps is pool.arena.lanes(3, 3)[2]:
+                raise RuntimeError("injected failure of lane 2")
+            allreduce.reduce_scatter_allgather(steps, a + 4 * lo, hi - lo, 4, entry, kernels.SUM, 1.0, 5)
+
+        start = time.monotonic()
+        try:
+            pool.run(5, count, 4, job)
+        except ShmcollError as error:
+            raised[rank] = (str(error), time.monotonic() - start)
+
+    _with_lanes(2, 3, body, monkeypatch)
+    assert set(raised) == {0, 1}, raised
+    assert "injected failure of lane 2" in raised[0][0]
+    assert "gave up" in raised[1][0], raised[1]
+    assert all(seconds < 10 for _, seconds in raised.values()), raised
