@@ -20,18 +20,11 @@ def test_all_reduce_matrix(world_size, config):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_data_movement(world_size):
+@pytest.mark.parametrize("scenario,min_cases", [("data_movement", 40), ("rooted_and_scattered", 100)])
+def test_other_collectives(scenario, min_cases, world_size):
     before = shm_entries()
-    result = spawn("tests.scenarios:data_movement", world_size, env=SMALL_CHUNKS)
-    assert_job_passes(result, min_cases=40)
-    assert shm_entries() - before == set()
-
-
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_rooted_and_scattered(world_size):
-    before = shm_entries()
-    result = spawn("tests.scenarios:rooted_and_scattered", world_size, env=SMALL_CHUNKS)
-    assert_job_passes(result, min_cases=100)
+    result = spawn(f"tests.scenarios:{scenario}", world_size, env=SMALL_CHUNKS)
+    assert_job_passes(result, min_cases=min_cases)
     assert shm_entries() - before == set()
 
 

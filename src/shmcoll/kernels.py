@@ -248,38 +248,28 @@ def _f2bf(typingctx, x):
     return sig, codegen
 
 
-@intrinsic
-def _fmin(typingctx, a, b):
-    """NaN-propagating minimum (torch.minimum) as a branch-free select."""
-    sig = a(a, a)
+def _nan_propagating(predicate: str):
+    """NaN-propagating minimum ("<") or maximum (">"), as torch.minimum/maximum, as a branch-free select."""
 
-    def codegen(context, builder, sig, args):
-        x, y = args
-        m = builder.select(builder.fcmp_ordered("<", x, y), x, y)
-        # x + y is NaN iff x or y is; selecting it (rather than x) keeps the
-        # value stored back into the accumulator from being "select(c, load
-        # acc, ...)", which LLVM would turn into a slow masked store.
-        return builder.select(builder.fcmp_unordered("uno", x, y),
-                              builder.fadd(x, y), m)
+    def typer(typingctx, a, b):
+        sig = a(a, a)
 
-    return sig, codegen
+        def codegen(context, builder, sig, args):
+            x, y = args
+            m = builder.select(builder.fcmp_ordered(predicate, x, y), x, y)
+            # x + y is NaN iff x or y is; selecting it (rather than x) keeps the
+            # value stored back into the accumulator from being "select(c, load
+            # acc, ...)", which LLVM would turn into a slow masked store.
+            return builder.select(builder.fcmp_unordered("uno", x, y),
+                                  builder.fadd(x, y), m)
+
+        return sig, codegen
+
+    return intrinsic(typer)
 
 
-@intrinsic
-def _fmax(typingctx, a, b):
-    """NaN-propagating maximum (torch.maximum) as a branch-free select."""
-    sig = a(a, a)
-
-    def codegen(context, builder, sig, args):
-        x, y = args
-        m = builder.select(builder.fcmp_ordered(">", x, y), x, y)
-        # x + y is NaN iff x or y is; selecting it (rather than x) keeps the
-        # value stored back into the accumulator from being "select(c, load
-        # acc, ...)", which LLVM would turn into a slow masked store.
-        return builder.select(builder.fcmp_unordered("uno", x, y),
-                              builder.fadd(x, y), m)
-
-    return sig, codegen
+_fmin = _nan_propagating("<")
+_fmax = _nan_propagating(">")
 
 
 # bfloat16 pairs: a uint32 word holds elements 2p (low half) and 2p + 1 (high
@@ -372,34 +362,26 @@ def _freeze(builder, val):
     return instr
 
 
-@intrinsic
-def _imin(typingctx, a, b):
-    """Integer minimum, branch-free (vpmins*)."""
-    sig = a(a, a)
+def _integer_select(predicate: str):
+    """Integer minimum ("<", vpmins*) or maximum (">", vpmaxs*), branch-free."""
 
-    def codegen(context, builder, sig, args):
-        x = _freeze(builder, args[0])
-        y = args[1]
-        lt = (builder.icmp_signed("<", x, y) if sig.return_type.signed
-              else builder.icmp_unsigned("<", x, y))
-        return builder.select(lt, x, y)
+    def typer(typingctx, a, b):
+        sig = a(a, a)
 
-    return sig, codegen
+        def codegen(context, builder, sig, args):
+            x = _freeze(builder, args[0])
+            y = args[1]
+            pick = (builder.icmp_signed(predicate, x, y) if sig.return_type.signed
+                    else builder.icmp_unsigned(predicate, x, y))
+            return builder.select(pick, x, y)
+
+        return sig, codegen
+
+    return intrinsic(typer)
 
 
-@intrinsic
-def _imax(typingctx, a, b):
-    """Integer maximum, branch-free (vpmaxs*)."""
-    sig = a(a, a)
-
-    def codegen(context, builder, sig, args):
-        x = _freeze(builder, args[0])
-        y = args[1]
-        gt = (builder.icmp_signed(">", x, y) if sig.return_type.signed
-              else builder.icmp_unsigned(">", x, y))
-        return builder.select(gt, x, y)
-
-    return sig, codegen
+_imin = _integer_select("<")
+_imax = _integer_select(">")
 
 
 # ---------------------------------------------------------------------------

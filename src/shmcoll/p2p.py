@@ -46,6 +46,14 @@ class _Transfer:
         self.last_progress = time.monotonic()
         self.warn_after = None  # idle seconds after which the next stall warning is due
 
+    def _passed(self, chunks: list, lines: int, line: int, chunk: int, n: int) -> None:
+        """Chunk ``chunk`` (``n`` bytes) went through: count it in ``chunks`` and post it on our ``line``
+        of the channel, so the other side may go on."""
+        chunks[self.peer] = chunk + 1
+        _sync.post(lines, line, (chunk + 1) & 0xFFFFFFFF, 0)
+        self.offset += n
+        self.done = self.offset >= self.nbytes
+
 
 class Send(_Transfer):
     kind = "send"
@@ -68,10 +76,7 @@ class Send(_Transfer):
             half = data + (chunk & 1) * p2p.half_bytes
             p2p.write_header(half, self.tag, self.nbytes, self.offset, n)
             copy(half + HEADER_BYTES, self.addr + self.offset, n)
-            p2p.sent[peer] = chunk + 1
-            _sync.post(lines, 0, (chunk + 1) & 0xFFFFFFFF, 0)
-            self.offset += n
-            self.done = self.offset >= self.nbytes
+            self._passed(p2p.sent, lines, 0, chunk, n)
             moved = True
         return moved
 
@@ -116,10 +121,7 @@ class Recv(_Transfer):
                     f"rank {p2p.ranks[peer]} but the next one sent has {total} bytes and tag {tag}; messages "
                     f"between two ranks are delivered in the order sent")
             copy(self.addr + self.offset, half + HEADER_BYTES, n)
-            p2p.received[peer] = chunk + 1
-            _sync.post(lines, 1, (chunk + 1) & 0xFFFFFFFF, 0)
-            self.offset += n
-            self.done = self.offset >= self.nbytes
+            self._passed(p2p.received, lines, 1, chunk, n)
             moved = True
         return moved
 

@@ -18,7 +18,25 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-class OneNode:
+class OnArena:
+    """What every placement that holds a node arena does with it when the group is aborted or closed."""
+
+    arena = None
+
+    def abort(self, why: str) -> None:
+        """Make every wait on the arena raise at its next slice, here and (``abandon``) on the local peers.
+        (A Gloo call in flight between nodes ends only at Gloo's own timeout: Gloo offers no abort.)"""
+        if self.arena is not None:
+            self.arena.abort(why)
+
+    def _close_arena(self) -> None:
+        """Unmap the arena: every later use raises."""
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+
+
+class OneNode(OnArena):
     """The group's placement when all its ranks share one arena."""
 
     def __init__(self, arena, rank: int, settings, waits, lanes):
@@ -178,11 +196,6 @@ class OneNode:
                 f"of message)",
                 self.waits.describe()]
 
-    def abort(self, why: str) -> None:
-        """Make every wait on the arena raise at its next slice, here and (``abandon``) on the local peers."""
-        if self.arena is not None:
-            self.arena.abort(why)
-
     def close(self) -> None:
         """Stop the lane and p2p threads and unmap the arena (every later use raises)."""
         if self.lanes is not None:
@@ -191,6 +204,4 @@ class OneNode:
         if self.p2p is not None:
             self.p2p.close()
             self.p2p = None
-        if self.arena is not None:
-            self.arena.close()
-            self.arena = None
+        self._close_arena()

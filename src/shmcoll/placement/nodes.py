@@ -30,6 +30,7 @@ from shmcoll.algorithms import allreduce as _allreduce
 from shmcoll.algorithms import reduce_scatter as _reduce_scatter
 from shmcoll.errors import InterNodeError, ShmcollError
 from shmcoll.placement.flat import Flat, finish_average, gloo_op
+from shmcoll.placement.node import OnArena
 from shmcoll.staging import staged, staged_empty, unstage
 
 
@@ -78,7 +79,7 @@ def _on_flat(name: str):
     return call
 
 
-class Nodes:
+class Nodes(OnArena):
     """The group's placement across nodes: this rank's node arena, its rail and the flat group.
 
     One method per collective of the backend's surface: the hierarchical plans
@@ -137,16 +138,8 @@ class Nodes:
             lines.append(self.waits.describe())
         return lines
 
-    def abort(self, why: str) -> None:
-        """Waits on the node arena raise at their next slice, here and on the local peers; a Gloo call in
-        flight ends at Gloo's own timeout (Gloo offers no abort)."""
-        if self.arena is not None:
-            self.arena.abort(why)
-
     def close(self) -> None:
-        if self.arena is not None:
-            self.arena.close()
-            self.arena = None
+        self._close_arena()
         # Stop the Gloo groups' worker threads now, while the interpreter is whole: left to be
         # destroyed at interpreter exit, a Gloo group can abort the process ("terminate called
         # without an active exception").
