@@ -179,6 +179,7 @@ def main() -> int:
         if code:
             print("error: shm and gloo trained to different weights", file=sys.stderr)
         if args.json:
+            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
             with open(args.json, "w") as f:
                 json.dump({"bench": "dlrm", "config": vars(args), "world_size": world, "cpus": os.cpu_count(),
                            "torch": torch.__version__, "step_s": step_s, "median_step_s": med,

@@ -1,14 +1,20 @@
-"""Spawn real multi-process jobs for tests and collect what each rank reports.
+"""The one launcher of every multi-rank test, and the scenario jobs built on it.
+
+``Ranks`` starts the N processes of a job (a module run with ``python -m``, or
+a forkserver child for the failure-injection tests), each with its rank in the
+environment, and watches, kills and collects them. ``torchrun_command`` is the
+same for jobs that go through torchrun on purpose.
 
 Starting a rank costs seconds (importing torch), so one job runs a whole
 scenario: many cases, each checked inside the ranks against a reference, and
-reported back as {case: None or failure text}. The parent checks that every
-rank finished, agrees, and that nothing of ours is left in /dev/shm.
+reported back as {case: None or failure text} (``spawn``). The parent checks
+that every rank finished, agrees, and that nothing of ours is left in /dev/shm.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -56,6 +62,103 @@ class JobResult:
         return min((len(r["cases"]) for r in self.reports if r is not None), default=0)
 
 
+def rank_environment(extra: dict | None = None) -> dict:
+    """The environment of a rank process: ours, the repository importable, one torch thread, ``extra``."""
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra or {})}
+
+
+def torchrun_command(nproc: int, module: str, *args: str, options=()) -> list[str]:
+    """torchrun (of this interpreter) starting ``nproc`` ranks of ``python -m module args``, on a free port."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+            f"--master-port={free_port()}", *options, "-m", module, *args]
+
+
+class Ranks:
+    """The ``world`` processes of one job, rank r with RANK=LOCAL_RANK=r and WORLD_SIZE in its environment.
+
+    ``module`` and ``args``: each rank runs ``python -m module *args`` (with ``rank_prefix(r)`` in front,
+    e.g. ``unshare ...``), its output in ``log_dir/rankR.log``. Or ``fork``: a callable ``fork(r)`` that
+    starts rank r some other way (a forkserver child that writes its own log there) and returns its
+    ``multiprocessing.Process``. ``env`` applies to every rank, ``rank_env(r)`` to one; env:// rendezvous
+    variables (MASTER_ADDR, a free MASTER_PORT) are set unless ``rendezvous`` is False.
+    """
+
+    def __init__(self, world: int, log_dir: str, module: str | None = None, args=(), env: dict | None = None,
+                 rank_env=None, rank_prefix=None, fork=None, rendezvous: bool = True):
+        self.world = world
+        self.log_dir = log_dir
+        common = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
+        if rendezvous:
+            common.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+        self.procs = []
+        for rank in range(world):
+            if fork is not None:
+                self.procs.append(fork(rank))
+                continue
+            penv = rank_environment({**common, "RANK": str(rank), "LOCAL_RANK": str(rank), **(env or {}),
+                                     **(rank_env(rank) if rank_env is not None else {})})
+            prefix = rank_prefix(rank) if rank_prefix is not None else []
+            with open(self.log_path(rank), "w") as log:
+                self.procs.append(subprocess.Popen([*prefix, sys.executable, "-m", module, *args], env=penv,
+                                                   cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+
+    def log_path(self, rank: int) -> str:
+        return os.path.join(self.log_dir, f"rank{rank}.log")
+
+    def pid(self, rank: int) -> int:
+        return self.procs[rank].pid
+
+    def exitcode(self, rank: int):
+        """Exit code (negative: the signal), or None while it runs; a rank we started is reaped here."""
+        proc = self.procs[rank]
+        return proc.poll() if isinstance(proc, subprocess.Popen) else proc.exitcode
+
+    def running(self, ranks=None) -> list[int]:
+        return [r for r in (range(self.world) if ranks is None else ranks) if self.exitcode(r) is None]
+
+    def wait(self, timeout: float, ranks=None) -> list[int]:
+        """Wait up to ``timeout`` s for ``ranks`` (default all); returns those still running."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = self.running(ranks)
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.005)
+
+    def kill(self, rank: int, sig=signal.SIGKILL) -> None:
+        try:
+            os.kill(self.pid(rank), sig)
+        except ProcessLookupError:
+            pass
+
+    def finish(self, timeout: float) -> list[int]:
+        """Wait for every rank up to ``timeout`` s, then SIGKILL the rest (after SIGUSR1, which asks ranks
+        that registered faulthandler for their stacks); returns the ranks that had to be killed."""
+        hung = self.wait(timeout)
+        for rank in hung:
+            self.kill(rank, signal.SIGUSR1)
+        if hung:
+            time.sleep(0.3)
+        for rank in hung:
+            self.kill(rank)
+        self.wait(10)
+        return hung
+
+    def codes(self) -> list:
+        return [self.exitcode(r) for r in range(self.world)]
+
+    def log(self, rank: int, tail: int | None = None) -> str:
+        try:
+            text = open(self.log_path(rank), errors="replace").read()
+        except FileNotFoundError:
+            return ""
+        return text if tail is None else text[-tail:]
+
+    def logs(self, tail: int = 3000) -> str:
+        return "\n".join(f"--- rank {r} (exit {self.exitcode(r)}):\n{self.log(r, tail)}" for r in range(self.world))
+
+
 def spawn(scenario: str, world_size: int, backend: str = "shm", env: dict | None = None,
           timeout: float = 300, args: list[str] | None = None, rank_env=None, rank_prefix=None) -> JobResult:
     """Run ``tests.worker scenario`` on ``world_size`` local ranks and collect their reports.
@@ -63,45 +166,21 @@ def spawn(scenario: str, world_size: int, backend: str = "shm", env: dict | None
     ``rank_env(rank)``, when given, returns extra variables for that rank (e.g. its SHMCOLL_HOSTID);
     ``rank_prefix(rank)`` a command that runs that rank's interpreter (e.g. ``unshare ...``).
     """
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="shmcoll-test-") as tmp:
-        procs = []
-        for rank in range(world_size):
-            penv = dict(os.environ)
-            penv.update({
-                "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                "SHMCOLL_TEST_BACKEND": backend, "SHMCOLL_TEST_REPORT": os.path.join(tmp, f"rank{rank}.json"),
-                "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO) + os.pathsep + penv.get("PYTHONPATH", ""),
-            })
-            penv.update(env or {})
-            penv.update(rank_env(rank) if rank_env is not None else {})
-            log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")
-            prefix = rank_prefix(rank) if rank_prefix is not None else []
-            procs.append((subprocess.Popen([*prefix, sys.executable, "-m", "tests.worker", scenario, *(args or [])],
-                                           env=penv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log))
-        deadline = time.monotonic() + timeout
-        codes = []
-        for proc, _ in procs:
-            try:
-                codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        reports, outputs = [], []
-        for rank, (_, log) in enumerate(procs):
-            log.seek(0)
-            outputs.append(log.read())
-            log.close()
-            path = os.path.join(tmp, f"rank{rank}.json")
-            reports.append(json.load(open(path)) if os.path.exists(path) else None)
-        if None in codes:
+        job = Ranks(world_size, tmp, "tests.worker", [scenario, *(args or [])], rank_env=rank_env,
+                    rank_prefix=rank_prefix, env={"SHMCOLL_TEST_BACKEND": backend,
+                                                  "SHMCOLL_TEST_REPORT": os.path.join(tmp, "rank{rank}.json"),
+                                                  **(env or {})})
+        hung = job.finish(timeout)
+        outputs = [job.log(r) for r in range(world_size)]
+        if hung:
             raise AssertionError(f"{scenario} at world size {world_size} did not finish in {timeout} s:\n"
                                  + "\n".join(f"--- rank {r}:\n{o[-2000:]}" for r, o in enumerate(outputs)))
-        return JobResult(codes, reports, outputs)
+        reports = []
+        for rank in range(world_size):
+            path = os.path.join(tmp, f"rank{rank}.json")
+            reports.append(json.load(open(path)) if os.path.exists(path) else None)
+        return JobResult(job.codes(), reports, outputs)
 
 
 def assert_job_passes(result: JobResult, min_cases: int = 1) -> None:
@@ -122,18 +201,17 @@ def torchrun_nodes(scenario: str, args: list[str], nnodes: int, nproc, master_ad
     output in the result is its node's whole log.
     """
     port = free_port()
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     with tempfile.TemporaryDirectory(prefix="shmcoll-test-") as tmp:
         counts = list(nproc) if isinstance(nproc, (list, tuple)) else [nproc] * nnodes
         node_of_rank = [node for node, count in enumerate(counts) for _ in range(count)]
         procs = []
         for node in range(nnodes):
-            env = dict(os.environ, SHMCOLL_TEST_BACKEND="shm", SHMCOLL_TEST_REPORT=os.path.join(tmp, "rank{rank}.json"),
-                       OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            env.update(node_env(node) if node_env is not None else {})
+            env = rank_environment({"SHMCOLL_TEST_BACKEND": "shm",
+                                    "SHMCOLL_TEST_REPORT": os.path.join(tmp, "rank{rank}.json"),
+                                    **(node_env(node) if node_env is not None else {})})
             prefix = node_prefix(node) if node_prefix is not None else []
-            cmd = [*prefix, torchrun, "--nnodes", str(nnodes), "--nproc-per-node", str(counts[node]), "--node-rank",
-                   str(node), "--master-addr", master_addr, "--master-port", str(port),
+            cmd = [*prefix, sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node",
+                   str(counts[node]), "--node-rank", str(node), "--master-addr", master_addr, "--master-port", str(port),
                    "-m", "tests.worker", scenario, *args]
             log = open(os.path.join(tmp, f"node{node}.log"), "w+")
             procs.append((subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), log))

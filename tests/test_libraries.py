@@ -3,9 +3,12 @@
 Each scenario (tests/library_scenarios.py) runs with shm as the default group
 and a Gloo group beside it as the reference.
 """
+import json
+import subprocess
+
 import pytest
 
-from tests.harness import assert_job_passes, shm_entries, spawn
+from tests.harness import REPO, assert_job_passes, rank_environment, shm_entries, spawn, torchrun_command
 
 # 4 KiB chunks: the larger sizes of the scenarios take the multi-chunk paths.
 SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
@@ -59,18 +62,9 @@ def test_distributed_checkpoint(tmp_path):
 
 
 def _torchrun_job(job: str, backend: str, tmp_path) -> dict:
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.harness import REPO, free_port
-
     out = tmp_path / f"{job}-{backend}.json"
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([torchrun, "--nproc_per_node=2", f"--master_port={free_port()}", "-m", "tests.library_jobs",
-                           job, backend, str(out)], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(torchrun_command(2, "tests.library_jobs", job, backend, str(out)), env=rank_environment(),
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     return json.loads(out.read_text())
 

@@ -16,45 +16,27 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO, free_port
+from tests.harness import REPO, Ranks, rank_environment, torchrun_command
 
 SCALE = int(os.environ.get("SHMCOLL_LIFECYCLE_REPEATS", "1"))
 WORLD = 2
 
 
-class Ranks:
-    """``WORLD`` ranks of one case, started as plain processes with env:// (no launcher in between)."""
-
-    def __init__(self, case: str, backend: str, shm_dir: Path):
-        env = {**os.environ, "LIFECYCLE_BACKEND": backend, "SHMCOLL_SHM_DIR": str(shm_dir), "WORLD_SIZE": str(WORLD),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.procs = [subprocess.Popen([sys.executable, "-m", "tests.lifecycle_cases", case],
-                                       env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=REPO,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                      for r in range(WORLD)]
-
-    def finish(self, timeout: float) -> tuple[list, list[str]]:
-        """Exit codes (None: still running at the timeout, then killed) and outputs of every rank."""
-        deadline = time.monotonic() + timeout
-        codes, outputs = [], []
-        for proc in self.procs:
-            try:
-                out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-                codes.append(proc.returncode)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, _ = proc.communicate()
-                codes.append(None)
-            outputs.append(out)
-        return codes, outputs
+def run_case(case: str, backend: str, shm_dir: Path, timeout: float) -> tuple[list, list[str]]:
+    """Exit codes (None: still running at the timeout, then killed) and outputs of the ``WORLD`` ranks of
+    one case, started as plain processes with env:// (no launcher in between)."""
+    with tempfile.TemporaryDirectory(prefix="lifecycle-") as logs:
+        job = Ranks(WORLD, logs, "tests.lifecycle_cases", [case],
+                    env={"LIFECYCLE_BACKEND": backend, "SHMCOLL_SHM_DIR": str(shm_dir)})
+        hung = job.finish(timeout)
+        return [None if r in hung else job.exitcode(r) for r in range(WORLD)], [job.log(r) for r in range(WORLD)]
 
 
 @pytest.fixture
@@ -74,7 +56,7 @@ def _threads_left(output: str) -> list[str] | None:
 
 
 def _run_clean(case: str, backend: str, shm_dir: Path, timeout: float = 90) -> None:
-    codes, outputs = Ranks(case, backend, shm_dir).finish(timeout)
+    codes, outputs = run_case(case, backend, shm_dir, timeout)
     logs = "\n".join(f"--- rank {r} (exit {c}):\n{o[-3000:]}" for r, (c, o) in enumerate(zip(codes, outputs)))
     assert codes == [0] * WORLD, logs
     assert list(shm_dir.iterdir()) == [], logs
@@ -108,7 +90,7 @@ def test_exception_in_user_code(backend, shm_dir):
     within about a second), and nothing is left in /dev/shm."""
     for _ in range((2 if backend == "shm" else 1) * SCALE):
         start = time.monotonic()
-        codes, outputs = Ranks("exception_in_user_code", backend, shm_dir).finish(60)
+        codes, outputs = run_case("exception_in_user_code", backend, shm_dir, 60)
         logs = "\n".join(outputs)
         assert None not in codes, f"a rank hung:\n{logs[-4000:]}"
         assert all(code != 0 for code in codes), (codes, logs[-4000:])
@@ -123,12 +105,9 @@ def test_exception_in_user_code(backend, shm_dir):
 @pytest.mark.parametrize("backend", ["shm", "gloo"])
 def test_torchrun_stopped_by_signal(backend, sig, shm_dir):
     """torchrun stopped mid-collective (what a scheduler does): it and its ranks exit, nothing is left."""
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = {**os.environ, "LIFECYCLE_BACKEND": backend, "SHMCOLL_SHM_DIR": str(shm_dir),
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = rank_environment({"LIFECYCLE_BACKEND": backend, "SHMCOLL_SHM_DIR": str(shm_dir)})
     for _ in range(SCALE):
-        proc = subprocess.Popen([torchrun, f"--nproc_per_node={WORLD}", f"--master_port={free_port()}",
-                                 "-m", "tests.lifecycle_cases", "busy_until_signalled"],
+        proc = subprocess.Popen(torchrun_command(WORLD, "tests.lifecycle_cases", "busy_until_signalled"),
                                 env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         lines: list[str] = []

@@ -22,9 +22,7 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -36,8 +34,8 @@ import torch.distributed as dist
 
 from shmcoll import arena as shm_arena
 from tests import faults
+from tests.harness import REPO, Ranks, free_port, rank_environment, torchrun_command
 
-REPO = Path(__file__).resolve().parent.parent
 OUT = Path(os.environ.get("SHMCOLL_RELIABILITY_OUT", "/tmp/shmcoll-reliability"))
 SHM_ROOT = Path("/dev/shm") / f"reltest-{os.getpid()}"
 JOB_ROOT = Path(tempfile.gettempdir()) / f"shmcoll-reltest-{os.getpid()}"
@@ -57,12 +55,6 @@ def forkserver():
     return _ctx
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def record(name: str, data) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
@@ -73,8 +65,12 @@ def names_rank(message: str, rank: int) -> bool:
     return re.search(rf"\branks?(?:\(s\))?\s*[\[(]?\s*(?:\d+\s*,\s*)*{rank}\b", message) is not None
 
 
-class Job:
-    """``world`` ranks running ``faults.SCENARIO``; see tests/faults.py for spec fields."""
+class Job(Ranks):
+    """``world`` ranks running ``faults.SCENARIO``; see tests/faults.py for spec fields.
+
+    ``launcher``: "fork" (a forkserver child: milliseconds to start, reaped at once by the server,
+    as by torchrun's agent) or "popen" (a fresh interpreter, reaped only by this test).
+    """
 
     _count = 0
 
@@ -87,8 +83,6 @@ class Job:
             shm_dir = str(SHM_ROOT / os.path.basename(self.dir))
             os.makedirs(shm_dir)
         self.shm_dir = shm_dir
-        self.world = world
-        self.launcher = launcher
         self._store = None
         env = {"SHMCOLL_SHM_DIR": shm_dir, "OMP_NUM_THREADS": "1", **(env or {})}
         if store == "tcp":  # hosted here, like torchrun's agent store: survives any rank
@@ -97,62 +91,25 @@ class Job:
         else:  # env://: rank 0 hosts the store
             store_spec = "env"
             env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)})
-        self.procs = []
+
+        common = {"world": world, "store": store_spec, "dir": self.dir, "args": args or {}, "env": env}
+
+        def fork(rank: int):
+            spec = {**common, "rank": rank, "env": {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}}
+            proc = forkserver().Process(target=faults.forked, args=(scenario, spec), daemon=False)
+            proc.start()
+            return proc
+
         self.started = time.monotonic()
-        for rank in range(world):
-            spec = {"rank": rank, "world": world, "store": store_spec, "dir": self.dir, "args": args or {},
-                    "env": {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}}
-            if launcher == "fork":
-                proc = forkserver().Process(target=faults.forked, args=(scenario, spec), daemon=False)
-                proc.start()
-            else:
-                penv = {**os.environ, **spec["env"],
-                        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-                log = open(os.path.join(self.dir, f"rank{rank}.log"), "w")
-                proc = subprocess.Popen([sys.executable, "-m", "tests.faults", scenario, json.dumps(spec)],
-                                        env=penv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-                log.close()
-            self.procs.append(proc)
-            RANK_PIDS.add(proc.pid)
-
-    # process state -----------------------------------------------------------
-
-    def pid(self, rank: int) -> int:
-        return self.procs[rank].pid
-
-    def exitcode(self, rank: int):
-        """Exit code (negative: signal), or None while running; a subprocess rank is reaped here."""
-        proc = self.procs[rank]
-        return proc.exitcode if self.launcher == "fork" else proc.poll()
-
-    def running(self, ranks=None) -> list[int]:
-        return [r for r in (range(self.world) if ranks is None else ranks) if self.exitcode(r) is None]
-
-    def wait(self, timeout: float, ranks=None) -> list[int]:
-        """Wait up to ``timeout`` for ``ranks`` (default all), reaping only those; returns those still running."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = self.running(ranks)
-            if not left or time.monotonic() >= deadline:
-                return left
-            time.sleep(0.005)
-
-    def kill(self, rank: int, sig=signal.SIGKILL) -> None:
-        try:
-            os.kill(self.pid(rank), sig)
-        except ProcessLookupError:
-            pass
+        if launcher == "fork":
+            super().__init__(world, self.dir, fork=fork)
+        else:  # the rank comes from RANK, which Ranks sets
+            super().__init__(world, self.dir, "tests.faults", [scenario, json.dumps(common)], env=env,
+                             rendezvous=False)
+        RANK_PIDS.update(self.pid(r) for r in range(world))
 
     def finish(self, timeout: float) -> list[int]:
-        """Wait for every rank up to ``timeout``, then SIGKILL the rest; returns the ranks that hung."""
-        hung = self.wait(timeout)
-        for rank in hung:  # stacks into the rank's log first (faulthandler on SIGUSR1)
-            self.kill(rank, signal.SIGUSR1)
-        if hung:
-            time.sleep(0.3)
-        for rank in hung:
-            self.kill(rank)
-        self.wait(10)
+        hung = super().finish(timeout)
         self._store = None
         return hung
 
@@ -162,12 +119,8 @@ class Job:
         path = os.path.join(self.dir, f"rank{rank}.json")
         return json.load(open(path)) if os.path.exists(path) else None
 
-    def log(self, rank: int) -> str:
-        path = os.path.join(self.dir, f"rank{rank}.log")
-        return open(path, errors="replace").read()[-3000:] if os.path.exists(path) else ""
-
-    def logs(self) -> str:
-        return "\n".join(f"--- rank {r} (exit {self.exitcode(r)}):\n{self.log(r)}" for r in range(self.world))
+    def log(self, rank: int, tail: int | None = 3000) -> str:
+        return super().log(rank, tail)
 
     def marker(self, name: str, rank: int) -> float | None:
         path = os.path.join(self.dir, f"{name}.{rank}")
@@ -433,13 +386,11 @@ def test_clean_and_failed_exits_leave_no_segment(scenario, code):
 
 def _torchrun(shm_dir: str, job_dir: str, slow_attach: float = 0.0):
     spec = {"dir": job_dir, "store": "env", "args": {"slow_attach": slow_attach}}
-    env = {**os.environ, "SHMCOLL_SHM_DIR": shm_dir, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     log = open(os.path.join(job_dir, "torchrun.log"), "w")
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                             f"--master-port={free_port()}", "--shutdown-timeout=5",
-                             "-m", "tests.faults", "torchrun_rank", json.dumps(spec)],
-                            env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(torchrun_command(2, "tests.faults", "torchrun_rank", json.dumps(spec),
+                                             options=["--shutdown-timeout=5"]),
+                            env=rank_environment({"SHMCOLL_SHM_DIR": shm_dir}), cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _worker_pids(job_dir: str) -> list[int]:

@@ -28,8 +28,7 @@ register_backend()
 def __getattr__(name: str) -> Any:
     """``shmcoll.ProcessGroupShm`` on first use: importing it loads NumPy, Numba and the extension.
 
-    It is the class the "shm" creator returns on this torch: a c10d Backend from torch 2.14
-    (torch wraps it in a ProcessGroup, as it does Gloo), a ProcessGroup subclass before.
+    It is the class the "shm" creator returns: a ProcessGroup subclass (``shmcoll.pg_bindings``).
     """
     if name == "ProcessGroupShm":
         from shmcoll.backend import group_class

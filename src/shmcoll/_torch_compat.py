@@ -2,12 +2,6 @@
 
 Every other module asks this one instead of testing versions itself:
 
-  PYTHON_BACKEND   torch >= 2.14: ``torch._C._distributed_c10d.Backend`` can be
-                   subclassed from Python. The creator then returns a Backend that
-                   torch registers for cpu under a plain C++ ProcessGroup, exactly as
-                   it does Gloo. Older torch cannot construct one ("No constructor
-                   defined"), so there the group itself is a Python ProcessGroup
-                   subclass (see ``shmcoll.pg_bindings``).
   premul_factor    ``ReduceOp.factor`` (how a PREMUL_SUM carries its factor) exists
                    from torch 2.13; torch 2.11 and 2.12 only give it through the op's
                    pickle state, ``(RedOpType.PREMUL_SUM, factor)``.
@@ -21,24 +15,10 @@ from __future__ import annotations
 import torch
 from torch._C import _distributed_c10d as c10d
 
-__all__ = ["PYTHON_BACKEND", "AllgatherOptions", "premul_factor", "skip_dynamo", "fail_loud_backend"]
+__all__ = ["AllgatherOptions", "premul_factor", "skip_dynamo", "fail_loud_backend"]
 
 # Not re-exported by torch.distributed in every version.
 AllgatherOptions = c10d.AllgatherOptions
-
-
-def _backend_subclassable() -> bool:
-    class _Probe(c10d.Backend):
-        pass
-
-    try:
-        _Probe(0, 1)
-    except TypeError:  # "No constructor defined"
-        return False
-    return True
-
-
-PYTHON_BACKEND = _backend_subclassable()
 
 
 def premul_factor(redop) -> float:

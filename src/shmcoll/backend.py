@@ -7,11 +7,10 @@ the group is made, decides where the bytes go; the ProgressEngine runs the
 collectives in issue order (inline when synchronous and nothing is queued, on
 the progress thread otherwise).
 
-``Collectives`` holds the methods. How they are attached to torch differs by
-version (``shmcoll._torch_compat``): from torch 2.14 the group is a plain C++
-ProcessGroup and ``ShmBackend`` (a Python c10d Backend) is registered under it
-for cpu, as Gloo is; older torch gets ``ProcessGroupShm``, a Python
-ProcessGroup subclass (``shmcoll.pg_bindings``). ``create`` picks one.
+``Collectives`` holds the methods; ``ProcessGroupShm`` (``shmcoll.pg_bindings``),
+a Python ProcessGroup subclass, gives them c10d's call forms, and is what the
+creator returns on every supported torch (docs/DESIGN.md says why not a Python
+c10d Backend under a C++ group, which torch 2.14 allows).
 """
 from __future__ import annotations
 
@@ -202,7 +201,7 @@ class Collectives:
                             [tensor], opts)
 
     def allreduce_sparse(self, tensors, opts=None):
-        """c10d's name for the sparse all-reduce (torch >= 2.14 Backends); the same as ``allreduce``'s."""
+        """c10d's other name for the sparse all-reduce; the same as ``allreduce``'s."""
         return self._allreduce(tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -461,38 +460,22 @@ def _movement(tensor) -> tuple[int, int]:
 
 _torch_compat.skip_dynamo(Collectives)
 
-if _torch_compat.PYTHON_BACKEND:
-    from torch._C._distributed_c10d import Backend as _Backend
-
-    class ShmBackend(Collectives, _Backend):
-        """The shm backend as torch >= 2.14 takes it: a c10d Backend, registered for cpu under a C++ group."""
-
-        def __init__(self, store, rank: int, size: int, timeout: timedelta):
-            _Backend.__init__(self, rank, size)
-            self._setup(store, rank, size, timeout)
-
-
 def create(store, rank: int, size: int, timeout: timedelta):
-    """What the creator registered for "shm" returns on this torch (see the module docstring)."""
+    """What the creator registered for "shm" returns: the group itself."""
     return group_class()(store, rank, size, timeout)
 
 
 def group_class():
-    """``ShmBackend`` where c10d Backends can be Python classes, else ``pg_bindings.ProcessGroupShm``."""
-    if _torch_compat.PYTHON_BACKEND:
-        return ShmBackend
+    """``pg_bindings.ProcessGroupShm`` (imported on first use: it is the class c10d sees)."""
     from shmcoll.pg_bindings import ProcessGroupShm
 
     return ProcessGroupShm
 
 
 def of_group(group=None) -> Collectives:
-    """The shm backend object of ``group`` (default: the default group), on any supported torch."""
+    """The shm object of ``group`` (default: the default group)."""
     if group is None:
         group = dist.distributed_c10d._get_default_group()
-    if isinstance(group, Collectives):  # torch < 2.14: the group is ours
-        return group
-    backend = group._get_backend(torch.device("cpu"))
-    if not isinstance(backend, Collectives):
-        raise ValueError(f"{group} is not an shm group (its cpu backend is {type(backend).__name__})")
-    return backend
+    if not isinstance(group, Collectives):
+        raise ValueError(f"{group} is not an shm group (it is a {type(group).__name__})")
+    return group

@@ -1,4 +1,11 @@
-"""torch < 2.14: the shm group is a Python ProcessGroup subclass (c10d's Backend cannot be subclassed there).
+"""The shm group: a Python ProcessGroup subclass, on every supported torch.
+
+(torch 2.14 lets a Python class subclass c10d's Backend, to sit under a C++
+group as Gloo does, but the C++ group then hands the caller a holder of the
+Backend's Work that forwards only ``wait`` and ``get_future``: ``is_completed``,
+``exception`` and ``source_rank`` (which ``recv`` from any source needs) answer
+for an empty Work; and reading ``supports_coalescing`` of such a Backend
+recurses without end. A ProcessGroup subclass returns our Work itself.)
 
 Three things a C++ group would give for free have to be made here:
 
