@@ -3,7 +3,8 @@
 What Gloo computes (ProcessGroupGloo's AsyncSparseAllreduceWork), step for step:
 coalesce the input, gather every rank's indices and values, add the ranks'
 sparse tensors in rank order and coalesce the sum; the caller's tensor then
-takes the result (``copy_``). Gloo always sums, whatever the op; here any op
+takes the result (``copy_``). Adding uncoalesced sparse tensors concatenates
+them, so here the parts are concatenated once, in rank order, and coalesced. Gloo always sums, whatever the op; here any op
 but SUM is refused rather than silently summed. The table is never densified:
 what moves is every rank's (indices, values), padded to the largest nnz.
 
@@ -41,20 +42,21 @@ def allreduce(tensor: torch.Tensor, placement, rank: int, size: int) -> torch.Te
     counts = headers[:, 0].tolist()
     most = max(counts)
     sparse_dim, dense_shape = local.sparse_dim(), local.shape[local.sparse_dim():]
-    indices = torch.zeros(most, sparse_dim, dtype=torch.int64)
+    # Padded to the largest nnz; the padding is never read, so it is left unset.
+    indices = torch.empty(most, sparse_dim, dtype=torch.int64)
     indices[:counts[rank]] = local._indices().t()
-    values = torch.zeros((most, *dense_shape), dtype=local.dtype)
+    values = torch.empty((most, *dense_shape), dtype=local.dtype)
     values[:counts[rank]] = local._values()
     all_indices = _gather(placement, indices, size)
     all_values = _gather(placement, values, size)
-    result = None
-    for r in range(size):
-        # Every rank's part is a coalesced tensor it built itself: no need for torch's invariant checks
-        # (and saying so spares the user torch's warning that they are off).
-        part = torch.sparse_coo_tensor(all_indices[r, :counts[r]].t(), all_values[r, :counts[r]], local.shape,
-                                       dtype=local.dtype, check_invariants=False)
-        result = part if result is None else result + part
-    result = result.coalesce()
+    # Gloo adds the ranks' parts one by one; adding uncoalesced sparse tensors concatenates
+    # them, so one concatenation in rank order and one coalesce give its result, bit for bit.
+    every_index = torch.cat([all_indices[r, :counts[r]] for r in range(size)]).t()
+    every_value = torch.cat([all_values[r, :counts[r]] for r in range(size)])
+    # Each rank's rows are valid and coalesced (it built them itself): no need for torch's
+    # invariant checks (and saying so spares the user torch's warning that they are off).
+    result = torch.sparse_coo_tensor(every_index, every_value, local.shape, dtype=local.dtype,
+                                     check_invariants=False).coalesce()
     tensor.copy_(result)
     return result
 
