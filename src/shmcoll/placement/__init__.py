@@ -30,7 +30,6 @@ from datetime import timedelta
 
 from shmcoll import lanes, topology
 from shmcoll.arena import LANE_MIN_CHUNK, MAX_LANES
-from shmcoll.lanes import Lanes
 from shmcoll.node_arena import open_node_arena
 
 
@@ -107,7 +106,6 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
         arena.describe = describe
     waits = WaitBudgets(settings, len(topo.local_ranks))
     if topo.single_node:
-        return OneNode(arena, rank, settings, waits,
-                       Lanes(arena, lanes.agree(store, keys, rank, topo.local_ranks, lanes_wanted(settings)),
-                             settings.thread_bytes, f"rank{rank}"))
+        count = lanes.agree(store, keys, rank, topo.local_ranks, lanes_wanted(settings))
+        return OneNode(arena, rank, settings, waits, lanes.Lanes(arena, count, settings.thread_bytes, f"rank{rank}"))
     return Nodes(store, rank, size, timeout, topo, arena, keys, waits)

@@ -58,12 +58,11 @@ class OneNode(OnArena):
         if count == 0:  # still a collective: a rank that brings data must not wait alone
             return barrier.barrier(self.arena, desc)
         work = staged(flat)
-        addr = work.data_ptr()
         if count * itemsize <= self.one_shot_bytes:
-            allreduce.one_shot(self.arena, addr, count, itemsize, red.kernel, red.op.kernel, red.scale, desc)
+            allreduce.one_shot(self.arena, work.data_ptr(), count, itemsize, red.kernel, red.op.kernel, red.scale,
+                               desc)
         else:
-            self.lanes.run(desc, count, itemsize, lambda steps, lo, hi: allreduce.reduce_scatter_allgather(
-                steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale, desc))
+            self._chunked(work, red, desc)
         unstage(flat, work)
 
     def one_shot(self, tensor: torch.Tensor, count: int, red: ops.Reduction, desc: int) -> None:
@@ -76,11 +75,16 @@ class OneNode(OnArena):
         if flat.numel() == 0:
             return barrier.barrier(self.arena, desc)
         work = staged(flat)
-        addr, itemsize = work.data_ptr(), flat.element_size()
-        self.lanes.run(desc, flat.numel(), itemsize, lambda steps, lo, hi: allreduce.reduce_scatter_allgather(
-            steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale, desc, root=root))
+        self._chunked(work, red, desc, root)
         if self.rank == root:
             unstage(flat, work)
+
+    def _chunked(self, work: torch.Tensor, red: ops.Reduction, desc: int, root: int | None = None) -> None:
+        """All-reduce (or reduce to ``root``) the contiguous ``work`` in place, chunked, over the lanes its
+        size calls for."""
+        addr, itemsize = work.data_ptr(), work.element_size()
+        self.lanes.run(desc, work.numel(), itemsize, lambda steps, lo, hi: allreduce.reduce_scatter_allgather(
+            steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale, desc, root=root))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
         """``input``: contiguous, the group's size times ``output``'s elements, rank r's block r-th."""
