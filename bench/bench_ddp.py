@@ -62,6 +62,30 @@ def train_step(model, optimizer, data) -> float:
     return loss.item()
 
 
+def alternating_rounds(models: dict, optimizers: dict, data: list, step_fn, warmup: int, rounds: int, steps: int,
+                       ctrl) -> tuple[dict, dict]:
+    """Train every model of ``models`` (name -> model) on the same ``data``: ``warmup`` untimed steps each,
+    then ``rounds`` rounds in which each model in turn takes ``steps`` timed steps (shm, gloo, local, shm,
+    ...), so all see the same machine. ``step_fn(model, optimizer, batch)`` returns the loss. Returns (the
+    losses of every step, the slowest rank's time of every timed step), both by name; ``ctrl`` is the
+    group of the bookkeeping collectives (never timed)."""
+    losses = {name: [] for name in models}
+    times = {name: [] for name in models}
+    for name in models:
+        for step in range(warmup):
+            losses[name].append(step_fn(models[name], optimizers[name], data[step]))
+    for r in range(rounds):
+        for name in models:
+            dist.barrier(group=ctrl)
+            for i in range(steps):
+                start = time.perf_counter()
+                losses[name].append(step_fn(models[name], optimizers[name], data[warmup + r * steps + i]))
+                times[name].append(time.perf_counter() - start)
+    slowest = torch.tensor([times[n] for n in models], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
+    return losses, {n: slowest[i].tolist() for i, n in enumerate(models)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--width", type=int, default=2048)
@@ -94,24 +118,9 @@ def main() -> int:
     total_steps = args.warmup + args.rounds * args.steps
     data = batches(rank, total_steps, args.batch, args.width)
 
-    losses = {name: [] for name in models}
-    times = {name: [] for name in models}
-    for name in models:
-        for step in range(args.warmup):
-            losses[name].append(train_step(models[name], optimizers[name], data[step]))
-    for r in range(args.rounds):
-        for name in models:  # shm, gloo, local, shm, gloo, local ...
-            dist.barrier(group=ctrl)
-            for i in range(args.steps):
-                step = args.warmup + r * args.steps + i
-                start = time.perf_counter()
-                losses[name].append(train_step(models[name], optimizers[name], data[step]))
-                times[name].append(time.perf_counter() - start)
-
-    # The slowest rank's time of each step, and whether any rank saw different losses.
-    slowest = torch.tensor([times[n] for n in models], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
-    step_s = {n: slowest[i].tolist() for i, n in enumerate(models)}
+    losses, step_s = alternating_rounds(models, optimizers, data, train_step, args.warmup, args.rounds, args.steps,
+                                        ctrl)
+    # Whether any rank saw different losses.
     worst = max(abs(a - b) / max(abs(a), abs(b), 1e-30) for a, b in zip(losses["shm"], losses["gloo"]))
     flags = torch.tensor([worst, float(losses["shm"] != losses["gloo"])], dtype=torch.float64)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=ctrl)

@@ -34,6 +34,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from bench_ddp import alternating_rounds  # bench/ is on the path of a script run from it
+
 EXIT_MISMATCH = 3
 GOAL_SPARSE_SPEEDUP = 5.0
 
@@ -106,17 +108,7 @@ def main() -> int:
     total = args.warmup + args.rounds * args.steps
     data = batches(rank, total, args.bags, args.per_bag, args.rows)
 
-    times = {name: [] for name in models}
-    for name in models:
-        for step in range(args.warmup):
-            train_step(models[name], optimizers[name], data[step])
-    for r in range(args.rounds):
-        for name in models:
-            dist.barrier(group=ctrl)
-            for i in range(args.steps):
-                start = time.perf_counter()
-                train_step(models[name], optimizers[name], data[args.warmup + r * args.steps + i])
-                times[name].append(time.perf_counter() - start)
+    _, step_s = alternating_rounds(models, optimizers, data, train_step, args.warmup, args.rounds, args.steps, ctrl)
 
     # The sparse gradient as DDP hands it to the group (uncoalesced, this rank's lookups).
     grad = models["local"].table.weight.grad
@@ -140,9 +132,6 @@ def main() -> int:
         worst = max(worst, ((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item())
     now, peak = rss_mib()
 
-    slowest = torch.tensor([times[n] for n in models], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
-    step_s = {n: slowest[i].tolist() for i, n in enumerate(models)}
     sp = torch.tensor([sparse_times["shm"], sparse_times["gloo"]], dtype=torch.float64)
     dist.all_reduce(sp, op=dist.ReduceOp.MAX, group=ctrl)
     flags = torch.tensor([worst, float(not same_sum)], dtype=torch.float64)
