@@ -221,9 +221,40 @@ def abort_hung_collective() -> None:
     _report_threads()
 
 
+_KEPT = {}
+
+
+def gloo_worker_busy_at_exit() -> None:
+    """A Gloo worker thread that still needs the GIL when the main thread reaches interpreter exit (the
+    SIGABRT of issue 17, made certain): the future callback of a Gloo all_reduce, which runs on Gloo's
+    worker, waits until the main thread has begun its exit, then returns and the worker drops the Work,
+    whose tensor the main thread has released. The process must wait for it, not abort."""
+    import atexit
+
+    _init()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = _KEPT["gloo"] = dist.new_group(backend="gloo")  # alive to the end, as a script's global is
+    exiting = threading.Event()
+    atexit.register(exiting.set)  # registered after init, so it runs before shmcoll's exit hook
+
+    def late(future):
+        exiting.wait(30)
+        time.sleep(0.005)  # and hold the worker a little into the exit
+        return future.value()
+
+    t = _values(rank)
+    work = dist.all_reduce(t, group=gloo, async_op=True)
+    done = work.get_future().then(late)
+    work.get_future().wait()  # done before the callbacks run (Work.wait() would wait for them)
+    assert torch.equal(t, _summed(world))
+    del t, work, done
+    dist.destroy_process_group()
+    _report_threads()
+
+
 CASES = {f.__name__: f for f in (mixed_with_gloo, destroy_one_subgroup, reinit, exit_without_destroy,
                                  exception_in_user_code, busy_until_signalled, forked_dataloader_workers,
-                                 abort_hung_collective)}
+                                 abort_hung_collective, gloo_worker_busy_at_exit)}
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

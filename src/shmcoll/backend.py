@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from shmcoll import _torch_compat, checks, kernel_library, ops, placement, sparse
+from shmcoll import _torch_compat, checks, gloo_exit, kernel_library, ops, placement, sparse
 from shmcoll._env import read_settings
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
@@ -69,6 +69,7 @@ class Collectives:
         self._teardown = threading.Lock()  # shutdown() and abort() may come from any thread, twice
         self._in_collective = False  # a collective runs now (inline, on the progress thread, or the small path)
         _configure_logging(rank)
+        gloo_exit.install()  # a Gloo group beside this one must not abort the process at exit
         # Load every kernel before any collective, so none compiles on only some ranks.
         kernel_library.warm()
         self._placement = placement.create(store, rank, size, timeout, self._settings, self.describe_current)
@@ -395,7 +396,6 @@ class Collectives:
                 self._placement.close()
                 self._placement = None
                 self._error = self._error or ShmcollError("this shm process group was shut down")
-        _let_waiting_threads_run()
 
     def abort(self) -> None:
         """Get out of a hung collective: the one in progress (on any thread) raises within a wait slice,
@@ -418,7 +418,6 @@ class Collectives:
                 return
             placement.close()
             self._placement = None
-        _let_waiting_threads_run()
 
 
 # How long abort() waits for the collective in progress to notice it: a wait notices within one slice.
@@ -432,22 +431,6 @@ def _until(condition, deadline: float | None) -> bool:
             return False
         time.sleep(0.001)
     return True
-
-
-def _let_waiting_threads_run() -> None:
-    """Release the GIL for a moment, so that threads waiting for it run before this one goes on.
-
-    A Gloo group's worker thread drops its last reference to a finished Work only
-    after waking the caller, and that drop releases the Python objects of the
-    Work's tensors, so it needs the GIL. If the caller goes on to interpreter
-    exit without ever releasing the GIL (our teardown is pure Python), the
-    worker takes the GIL during finalization, CPython ends it there with
-    pthread_exit, and the unwinding through Gloo's noexcept destructor calls
-    std::terminate: SIGABRT, "terminate called without an active exception", in
-    about a third of jobs that mixed a Gloo group with shm. Gloo's own teardown
-    releases the GIL in C++, which is why jobs on Gloo alone never showed it.
-    """
-    time.sleep(0.001)
 
 
 def _movement(tensor) -> tuple[int, int]:
