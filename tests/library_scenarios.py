@@ -240,37 +240,59 @@ def timeout_wording(cases):
 
 # -- sparse COO all_reduce and DDP over sparse embeddings, against Gloo ------------------
 
-def _sparse(rank: int, shape, nnz: int, sparse_dim: int, dtype, seed: int, coalesced: bool = True):
+def _sparse(rank: int, shape, nnz: int, sparse_dim: int, dtype, seed: int, coalesced: bool = True,
+            rounded: bool = False):
+    """Rank ``rank``'s part. ``rounded``: values whose sums round (random floats), so that only the
+    same additions in the same order give Gloo's bits; otherwise integers, whose sums are exact."""
     g = torch.Generator().manual_seed(seed * 131 + rank)
     indices = torch.stack([torch.randint(0, shape[d], (nnz,), generator=g) for d in range(sparse_dim)])
-    values = (torch.randint(-50, 50, (nnz, *shape[sparse_dim:]), generator=g) + 1000 * rank).to(dtype)
+    if rounded:
+        values = (torch.randn((nnz, *shape[sparse_dim:]), generator=g, dtype=torch.float64) * 10 ** rank).to(dtype)
+    else:
+        values = (torch.randint(-50, 50, (nnz, *shape[sparse_dim:]), generator=g) + 1000 * rank).to(dtype)
     t = torch.sparse_coo_tensor(indices, values, shape)
     return t.coalesce() if coalesced else t
 
 
 def sparse(cases):
     rank, world = dist.get_rank(), dist.get_world_size()
-    specs = [  # shape, nnz per rank, sparse dims, dtype, coalesced
-        ((1000, 8), [3 + 5 * r for r in range(world)], 1, torch.float32, True),
-        ((1000, 8), [0] + [4] * (world - 1), 1, torch.float32, True),  # a rank with nothing
-        ((1000, 8), [0] * world, 1, torch.float32, True),
-        ((50, 40), [30 + r for r in range(world)], 2, torch.float64, True),  # two sparse dims, no dense
-        ((5000, 4, 3), [700 + 10 * r for r in range(world)], 1, torch.float32, False),  # uncoalesced, > a chunk
-        ((100,), [9] * world, 1, torch.int64, True),
+    specs = [  # shape, nnz per rank, sparse dims, dtype, coalesced, rounded values
+        ((1000, 8), [3 + 5 * r for r in range(world)], 1, torch.float32, True, False),
+        ((1000, 8), [0] + [4] * (world - 1), 1, torch.float32, True, False),  # a rank with nothing
+        ((1000, 8), [0] * world, 1, torch.float32, True, False),
+        ((50, 40), [30 + r for r in range(world)], 2, torch.float64, True, False),  # two sparse dims, no dense
+        ((5000, 4, 3), [700 + 10 * r for r in range(world)], 1, torch.float32, False, False),  # uncoalesced, > a chunk
+        ((100,), [9] * world, 1, torch.int64, True, False),
+        # Sums that round, most rows on every rank and repeated within a rank: Gloo's bits only if
+        # the duplicates of a rank are added in its order and the ranks in rank order.
+        ((64, 5), [300 + 7 * r for r in range(world)], 1, torch.float32, False, True),
+        ((64, 5), [300 + 7 * r for r in range(world)], 1, torch.bfloat16, False, True),
+        ((64, 5), [300 + 7 * r for r in range(world)], 1, torch.float16, False, True),
+        ((9, 7, 3), [40 + r for r in range(world)], 2, torch.float64, False, True),
+        ((64, 0), [20] * world, 1, torch.float32, True, True),  # rows of no elements
     ]
-    for i, (shape, nnz, sparse_dim, dtype, coalesced) in enumerate(specs):
-        def check(i=i, shape=shape, nnz=nnz, sparse_dim=sparse_dim, dtype=dtype, coalesced=coalesced):
-            results = []
-            for group in (None, _gloo()):
-                t = _sparse(rank, shape, nnz[rank], sparse_dim, dtype, i, coalesced)
-                dist.all_reduce(t, group=group)
-                results.append(t.coalesce())
-            ours, gloos = results
-            _same(ours.indices(), gloos.indices(), "indices")
-            _same(ours.values(), gloos.values(), "values")
-            expected = sum(_sparse(r, shape, nnz[r], sparse_dim, dtype, i, coalesced).to_dense()
-                           for r in range(world))
-            _same(ours.to_dense(), expected, "dense")
+    for i, (shape, nnz, sparse_dim, dtype, coalesced, rounded) in enumerate(specs):
+        def check(i=i, shape=shape, nnz=nnz, sparse_dim=sparse_dim, dtype=dtype, coalesced=coalesced,
+                  rounded=rounded):
+            parts = [_sparse(r, shape, nnz[r], sparse_dim, dtype, i, coalesced, rounded) for r in range(world)]
+            ours = parts[rank].clone()
+            dist.all_reduce(ours)
+            ours = ours.coalesce()
+            # The reference: each rank's part coalesced (torch's sum of its duplicates), then the parts
+            # added in rank order, one rounding per addition (Gloo adds the gathered parts one by one),
+            # read at the indices any rank has.
+            dense = parts[0].coalesce().to_dense()
+            for part in parts[1:]:
+                dense = dense + part.coalesce().to_dense()
+            indices = torch.cat([p.coalesce().indices() for p in parts], 1).unique(dim=1)
+            _same(ours.indices(), indices, "indices")
+            _same(ours.values(), dense[tuple(indices)], "values")
+            if dtype != torch.float16:  # Gloo has no float16 sparse sum (shm has: torch coalesces float16)
+                theirs = parts[rank].clone()
+                dist.all_reduce(theirs, group=_gloo())
+                theirs = theirs.coalesce()
+                _same(ours.indices(), theirs.indices(), "indices against Gloo")
+                _same(ours.values(), theirs.values(), "values against Gloo")
 
         cases.run(f"sparse/{i}", check)
 
@@ -284,6 +306,23 @@ def sparse(cases):
             raise AssertionError("a sparse MAX was accepted")
 
     cases.run("sparse/refuses_max", refuses_other_ops)
+
+    def bool_like_gloo():
+        # No kernel sums bool: shm runs Gloo's own additions, so it raises what Gloo raises, on every
+        # rank, and both groups go on working.
+        for group in (None, _gloo()):
+            t = _sparse(rank, (10, 2), 3, 1, torch.bool, 0)
+            try:
+                dist.all_reduce(t, group=group)
+            except RuntimeError as error:  # NotImplementedError is one
+                assert "Bool" in str(error), error
+            else:
+                raise AssertionError(f"a sparse bool all_reduce on {dist.get_backend(group)} did not raise")
+            dense = torch.full((3,), float(rank))
+            dist.all_reduce(dense, group=group)
+            _same(dense, torch.full((3,), float(sum(range(world)))), "the group after the error")
+
+    cases.run("sparse/bool_like_gloo", bool_like_gloo)
 
 
 class _Recommender(nn.Module):
