@@ -1,5 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The sum of the ranks' coalesced sparse COO parts, in one merge pass (sparse all_reduce).
+"""The two sums of a sparse all_reduce, in C: a rank's own duplicates (``coalesce``) and the ranks' parts
+(``merge``), each in the order torch and Gloo add them, so the result is Gloo's bit for bit.
+
+``coalesce`` is torch's ``coalesce()`` given torch's own sort of the flattened
+indices: walking that permutation, the first row of each index is copied and
+the later ones added one by one (torch's ``_coalesce_sparse_cpu`` does exactly
+that, with ``axpy``). Doing it here writes the rows straight into the buffer the
+all-gather sends from, with no new tensor per call.
 
 Every rank's part arrives sorted by index (row-major order of the index
 tuples, as ``coalesce()`` leaves it) and without duplicates, so the sum is a
@@ -13,6 +20,9 @@ the reduction kernel once per added row does (``n`` elements, one row).
 
 Torch's way sorts the concatenation (n log n, then a gather of every row);
 this reads each row once and is most of the speed of shm's sparse all_reduce.
+
+Both add by calling the reduction kernel once per added row (``n`` elements, one
+row): one rounding to the value dtype per addition, as torch's additions round.
 """
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport calloc, free
@@ -87,3 +97,37 @@ def merge(uintptr_t indices, uintptr_t values, uintptr_t counts, int size, Py_ss
     finally:
         free(head)
     return o
+
+
+def coalesce(uintptr_t sorted_keys, uintptr_t permutation, Py_ssize_t nnz, uintptr_t indices, int dims,
+             uintptr_t values, Py_ssize_t row_elems, Py_ssize_t row_bytes, uintptr_t out_indices,
+             uintptr_t out_values, uintptr_t kernel, int64_t sum_op):
+    """Sum the rows of equal index; return the number of distinct indices.
+
+    ``sorted_keys``, ``permutation``: int64 [nnz], torch's sort of the flattened indices;
+    ``indices``: int64 [dims, nnz] (contiguous); ``values``: [nnz] rows of ``row_bytes``.
+    Writes the distinct indices as int64 rows [count, dims] and their sums as [count] rows.
+    """
+    cdef const int64_t *key = <const int64_t *>sorted_keys
+    cdef const int64_t *order = <const int64_t *>permutation
+    cdef const int64_t *idx = <const int64_t *>indices
+    cdef const char *val = <const char *>values
+    cdef int64_t *out_idx = <int64_t *>out_indices
+    cdef char *out_val = <char *>out_values
+    cdef kernel_t add = <kernel_t>kernel
+    cdef Py_ssize_t j, pos, o = -1
+    cdef int d
+    cdef char *sum_row = NULL
+    with nogil:
+        for j in range(nnz):
+            pos = order[j]
+            if j > 0 and key[j] == key[j - 1]:
+                if row_elems > 0:
+                    add(sum_row, sum_row, <void *>(val + pos * row_bytes), 1, row_elems, row_elems, sum_op, 1.0)
+            else:
+                o += 1
+                for d in range(dims):
+                    out_idx[o * dims + d] = idx[d * nnz + pos]
+                sum_row = out_val + o * row_bytes
+                memcpy(sum_row, val + pos * row_bytes, row_bytes)
+    return o + 1

@@ -73,6 +73,7 @@ class Collectives:
         # Load every kernel before any collective, so none compiles on only some ranks.
         kernel_library.warm()
         self._placement = placement.create(store, rank, size, timeout, self._settings, self.describe_current)
+        self._sparse_buffers = sparse.Buffers()  # empty until a sparse all_reduce
         # The small all-reduce path: one node, plans admitted per (op value, dtype) as they are met.
         self._one_shot = {} if self._placement.one_shot_bytes and _hash_is_op_value() else None
         if rank == 0 and _log.isEnabledFor(logging.INFO):
@@ -198,8 +199,8 @@ class Collectives:
     def _allreduce_sparse(self, tensor, opts):
         sparse.check_op(_reduce_op(opts))
         desc = ops.descriptor(ops.ALLREDUCE, tensor._nnz(), ops.movement_code(tensor.dtype))
-        return self._launch(desc, lambda: sparse.allreduce(tensor, self._placement, self._rank, self._size),
-                            [tensor], opts)
+        return self._launch(desc, lambda: sparse.allreduce(tensor, self._placement, self._rank, self._size,
+                                                           self._sparse_buffers), [tensor], opts)
 
     def allreduce_sparse(self, tensors, opts=None):
         """c10d's other name for the sparse all-reduce; the same as ``allreduce``'s."""

@@ -37,36 +37,76 @@ def check_op(redop) -> None:
                          f"op it is given), got {kind.name}")
 
 
-def allreduce(tensor: torch.Tensor, placement, rank: int, size: int) -> torch.Tensor:
-    """Sum the sparse COO ``tensor`` over the group, in place (as Gloo does); return the result."""
-    local = tensor.coalesce()
-    if local.dim() > _MAX_DIMS:
-        raise ValueError(f"all_reduce of a sparse tensor with {local.dim()} dimensions (at most {_MAX_DIMS})")
+class Buffers:
+    """The memory a group's sparse all_reduces reuse from call to call.
+
+    A call needs five buffers about the size of the gradient (this rank's part,
+    every rank's indices and values, their sum). New memory is slow to fill the
+    first time (page faults: on the 2-core VM, 4 MiB of new memory took ~1 ms to
+    fill, reused memory 0.07 ms), and a DDP step sends a gradient of about the
+    same size every step, so each buffer is kept and grown, never shrunk. A
+    buffer above ``KEEP_BYTES`` is not kept: a one-off huge tensor must not pin
+    that much memory for the group's life. The collectives of a group run one at
+    a time (issue order), so one set serves them all.
+    """
+
+    KEEP_BYTES = 64 << 20
+
+    def __init__(self):
+        self._kept: dict[str, torch.Tensor] = {}
+
+    def rows(self, name: str, count: int, row_shape: tuple, dtype: torch.dtype, keep: int = 0) -> torch.Tensor:
+        """A [count, *row_shape] tensor of ``dtype`` in buffer ``name``; the first ``keep`` rows hold what they
+        held in the last call's rows (when the buffer must grow, they are copied)."""
+        row_bytes = math.prod(row_shape) * dtype.itemsize
+        nbytes = count * row_bytes
+        buffer = self._kept.get(name)
+        if buffer is None or buffer.numel() < nbytes:
+            grown = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8)  # room for the next, slightly larger call
+            if keep and buffer is not None:
+                grown[:keep * row_bytes].copy_(buffer[:keep * row_bytes])
+            if grown.numel() <= self.KEEP_BYTES:
+                self._kept[name] = grown
+            buffer = grown
+        return buffer[:nbytes].view(dtype).view(count, *row_shape)
+
+
+def allreduce(tensor: torch.Tensor, placement, rank: int, size: int, buffers: Buffers) -> None:
+    """Sum the sparse COO ``tensor`` over the group, in place (as Gloo does)."""
+    if tensor.dim() > _MAX_DIMS:
+        raise ValueError(f"all_reduce of a sparse tensor with {tensor.dim()} dimensions (at most {_MAX_DIMS})")
+    kernel = _sum_kernel(tensor.dtype)
+    sparse_dim, dense_shape = tensor.sparse_dim(), tuple(tensor.shape[tensor.sparse_dim():])
+    # This rank's part, coalesced, straight into the buffers the all-gathers send from.
+    if kernel is None:
+        local = tensor.coalesce()
+        nnz = local._nnz()
+        buffers.rows("indices", nnz, (sparse_dim,), torch.int64).copy_(local._indices().t())
+        buffers.rows("values", nnz, dense_shape, tensor.dtype).copy_(local._values())
+    else:
+        nnz = _coalesce_into(tensor, buffers, kernel)
     header = torch.zeros(_HEADER, dtype=torch.int64)
-    header[:4] = torch.tensor([local._nnz(), local.sparse_dim(), local.dense_dim(), local.dim()])
-    header[4:4 + local.dim()] = torch.tensor(local.shape, dtype=torch.int64)
-    headers = _gather(placement, header, size)
-    _check_agreement(headers, header, local, rank)
+    header[:4] = torch.tensor([nnz, sparse_dim, len(dense_shape), tensor.dim()])
+    header[4:4 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+    headers = _gather(placement, header, torch.empty((size, _HEADER), dtype=torch.int64))
+    _check_agreement(headers, header, tensor, rank)
     counts = headers[:, 0].tolist()
     most = max(counts)
-    sparse_dim, dense_shape = local.sparse_dim(), local.shape[local.sparse_dim():]
-    # Padded to the largest nnz; the padding is never read, so it is left unset.
-    indices = torch.empty(most, sparse_dim, dtype=torch.int64)
-    indices[:counts[rank]] = local._indices().t()
-    values = torch.empty((most, *dense_shape), dtype=local.dtype)
-    values[:counts[rank]] = local._values()
-    all_indices = _gather(placement, indices, size)
-    all_values = _gather(placement, values, size)
-    merge = _merge_kernel(local.dtype)
-    if merge is not None:
-        result = _merged(all_indices, all_values, counts, local.shape, merge)
+    # Padded to the largest part; the padding is never read, so it is left unset.
+    indices = buffers.rows("indices", most, (sparse_dim,), torch.int64, keep=nnz)
+    values = buffers.rows("values", most, dense_shape, tensor.dtype, keep=nnz)
+    all_indices = _gather(placement, indices, buffers.rows("all_indices", size * most, (sparse_dim,), torch.int64))
+    all_values = _gather(placement, values, buffers.rows("all_values", size * most, dense_shape, tensor.dtype))
+    all_indices = all_indices.view(size, most, sparse_dim)
+    all_values = all_values.view(size, most, *dense_shape)
+    if kernel is None:
+        result = _added(all_indices, all_values, counts, tensor.shape)
     else:
-        result = _added(all_indices, all_values, counts, local.shape)
-    tensor.copy_(result)
-    return result
+        result = _merged(all_indices, all_values, counts, tensor.shape, kernel, buffers)
+    tensor.copy_(result)  # copies: the result lives in the buffers
 
 
-def _merge_kernel(dtype: torch.dtype) -> int | None:
+def _sum_kernel(dtype: torch.dtype) -> int | None:
     """Address of the SUM kernel that adds one value row to another, or None where torch must do it
     (bool and the dtypes the kernels do not have)."""
     name = str(dtype).removeprefix("torch.")
@@ -77,25 +117,57 @@ def _merge_kernel(dtype: torch.dtype) -> int | None:
     return kernel_library.entry_point(name)
 
 
-def _merged(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, shape, kernel: int):
+def _coalesce_into(tensor: torch.Tensor, buffers: Buffers, kernel: int) -> int:
+    """``tensor.coalesce()``'s rows, written as rows of the "indices" and "values" buffers; their number."""
+    nnz, sparse_dim = tensor._nnz(), tensor.sparse_dim()
+    dense_shape = tuple(tensor.shape[sparse_dim:])
+    indices = buffers.rows("indices", nnz, (sparse_dim,), torch.int64)
+    values = buffers.rows("values", nnz, dense_shape, tensor.dtype)
+    if tensor.is_coalesced() or nnz < 2:  # what coalesce() returns as it is
+        indices.copy_(tensor._indices().t())
+        values.copy_(tensor._values())
+        return nnz
+    # torch's coalesce sorts the flattened indices with this very call (not a stable sort: equal
+    # indices come out in the order it leaves them, and their sum depends on it), then sums along it.
+    source_indices = tensor._indices().contiguous()
+    source_values = tensor._values().contiguous()
+    keys, order = _flattened(source_indices, tensor.shape).sort(0)
+    row_elems = math.prod(dense_shape)
+    return _merge.coalesce(keys.data_ptr(), order.data_ptr(), nnz, source_indices.data_ptr(), sparse_dim,
+                           source_values.data_ptr(), row_elems, row_elems * tensor.element_size(),
+                           indices.data_ptr(), values.data_ptr(), kernel, kernel_abi.SUM)
+
+
+def _flattened(indices: torch.Tensor, shape) -> torch.Tensor:
+    """The row-major position of each index tuple among the sparse dimensions (torch's flatten_indices)."""
+    if indices.shape[0] == 1:
+        return indices[0]
+    strides = [1] * indices.shape[0]
+    for d in range(indices.shape[0] - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    return (indices * torch.tensor(strides, dtype=torch.int64)[:, None]).sum(0)
+
+
+def _merged(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, shape, kernel: int,
+            buffers: Buffers) -> torch.Tensor:
     """The coalesced sum of the gathered parts, merged in one pass (``shmcoll._merge``)."""
     size, most, sparse_dim = all_indices.shape
-    dense_shape = all_values.shape[2:]
+    dense_shape = tuple(all_values.shape[2:])
     capacity = sum(counts)
     row_elems = math.prod(dense_shape)
-    out_indices = torch.empty(sparse_dim, capacity, dtype=torch.int64)
-    out_values = torch.empty((capacity, *dense_shape), dtype=all_values.dtype)
+    sum_indices = buffers.rows("sum_indices", sparse_dim, (capacity,), torch.int64)
+    sum_values = buffers.rows("sum_values", capacity, dense_shape, all_values.dtype)
     rows = torch.tensor(counts, dtype=torch.int64)
-    nnz = _merge.merge(all_indices.data_ptr(), all_values.data_ptr(), rows.data_ptr(), size,
-                       most, sparse_dim, row_elems, row_elems * all_values.element_size(),
-                       out_indices.data_ptr(), out_values.data_ptr(), capacity, kernel, kernel_abi.SUM)
-    return torch.sparse_coo_tensor(out_indices[:, :nnz], out_values[:nnz], shape, is_coalesced=True,
+    nnz = _merge.merge(all_indices.data_ptr(), all_values.data_ptr(), rows.data_ptr(), size, most, sparse_dim,
+                       row_elems, row_elems * all_values.element_size(), sum_indices.data_ptr(),
+                       sum_values.data_ptr(), capacity, kernel, kernel_abi.SUM)
+    return torch.sparse_coo_tensor(sum_indices[:, :nnz], sum_values[:nnz], shape, is_coalesced=True,
                                    check_invariants=False)
 
 
 def _added(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, shape):
     """Gloo's own code for the dtypes without a kernel: the parts added one by one, in rank order, so
-    the same result, or the same error where torch's sparse addition has no such dtype (bool, float16)."""
+    the same result, or the same error where torch's sparse addition has no such dtype (bool)."""
     def part(r):
         return torch.sparse_coo_tensor(all_indices[r, :counts[r]].t(), all_values[r, :counts[r]], shape,
                                        check_invariants=False)
@@ -106,9 +178,8 @@ def _added(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, sh
     return result.coalesce()
 
 
-def _gather(placement, part: torch.Tensor, size: int) -> torch.Tensor:
-    """Every rank's ``part``, stacked in rank order (one all-gather of the placement)."""
-    whole = torch.empty((size, *part.shape), dtype=part.dtype)
+def _gather(placement, part: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``part`` into ``whole``, in rank order (one all-gather of the placement)."""
     code = ops.movement_code(part.dtype)
     count = part.numel() if code else part.numel() * part.element_size()
     placement.allgather_into(whole, part, ops.descriptor(ops.ALLGATHER, count, code))
