@@ -45,8 +45,8 @@ class Buffers:
     first time (page faults: on the 2-core VM, 4 MiB of new memory took ~1 ms to
     fill, reused memory 0.07 ms), and a DDP step sends a gradient of about the
     same size every step, so each buffer is kept and grown, never shrunk. A
-    buffer above ``KEEP_BYTES`` is not kept: a one-off huge tensor must not pin
-    that much memory for the group's life. The collectives of a group run one at
+    buffer above ``KEEP_BYTES`` is dropped at the end of its call (``trim``): a
+    one-off huge tensor must not pin that much memory for the group's life. The collectives of a group run one at
     a time (issue order), so one set serves them all.
     """
 
@@ -65,14 +65,24 @@ class Buffers:
             grown = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8)  # room for the next, slightly larger call
             if keep and buffer is not None:
                 grown[:keep * row_bytes].copy_(buffer[:keep * row_bytes])
-            if grown.numel() <= self.KEEP_BYTES:
-                self._kept[name] = grown
-            buffer = grown
+            buffer = self._kept[name] = grown
         return buffer[:nbytes].view(dtype).view(count, *row_shape)
+
+    def trim(self) -> None:
+        """Drop the buffers above ``KEEP_BYTES`` (at the end of a call: a later call allocates again)."""
+        for name in [n for n, b in self._kept.items() if b.numel() > self.KEEP_BYTES]:
+            del self._kept[name]
 
 
 def allreduce(tensor: torch.Tensor, placement, rank: int, size: int, buffers: Buffers) -> None:
     """Sum the sparse COO ``tensor`` over the group, in place (as Gloo does)."""
+    try:
+        _allreduce(tensor, placement, rank, size, buffers)
+    finally:
+        buffers.trim()
+
+
+def _allreduce(tensor: torch.Tensor, placement, rank: int, size: int, buffers: Buffers) -> None:
     if tensor.dim() > _MAX_DIMS:
         raise ValueError(f"all_reduce of a sparse tensor with {tensor.dim()} dimensions (at most {_MAX_DIMS})")
     kernel = _sum_kernel(tensor.dtype)
