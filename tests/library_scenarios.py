@@ -309,7 +309,9 @@ def sparse(cases):
 
     def bool_like_gloo():
         # No kernel sums bool: shm runs Gloo's own additions, so it raises what Gloo raises, on every
-        # rank, and both groups go on working.
+        # rank, and both groups go on working. (Alone, a rank adds nothing, and neither raises.)
+        if world == 1:
+            return
         for group in (None, _gloo()):
             t = _sparse(rank, (10, 2), 3, 1, torch.bool, 0)
             try:

@@ -40,6 +40,16 @@ def test_multinode_matrix(rank_nodes, nodes):
     assert shm_entries() - before == set()
 
 
+@pytest.mark.parametrize("rank_nodes", [[0, 0, 1, 1], [0, 0, 1]], ids=["2x2", "2+1"])
+def test_sparse_all_reduce_across_nodes_matches_gloo(rank_nodes):
+    """The sparse all-reduce's all-gathers over the hierarchical plan (2x2) and the flat Gloo one (2+1)."""
+    before = shm_entries()
+    result = spawn("tests.library_scenarios:sparse", len(rank_nodes), env=SMALL_CHUNKS,
+                   rank_env=_hosts(rank_nodes), timeout=90)
+    assert_job_passes(result, min_cases=13)
+    assert shm_entries() - before == set()
+
+
 def test_one_node_creates_no_gloo_group():
     result = spawn("tests.multinode:layout_only", 2, env={"SHMCOLL_HOSTID": "same-node"}, timeout=60)
     assert_job_passes(result)
