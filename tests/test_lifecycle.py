@@ -6,7 +6,7 @@ without hanging, and whatever way it ends, nothing of ours may be left in
 /dev/shm nor any thread of ours running. A failure that shows in one run of
 three (the SIGABRT at exit of jobs mixing shm with a Gloo group) must not
 pass by luck, so the exit cases repeat (a job costs ~6 s of this machine's two
-cores, so CI runs 47 jobs, ~5 minutes); ``SHMCOLL_LIFECYCLE_REPEATS``
+cores, so CI runs 45 jobs, ~5 minutes); ``SHMCOLL_LIFECYCLE_REPEATS``
 multiplies every count (the long tier in the README runs it at 5).
 """
 from __future__ import annotations
@@ -68,7 +68,9 @@ CLEAN_EXITS = [
     ("mixed_with_gloo", "shm", 12), ("mixed_with_gloo", "gloo", 3),  # failed 1 run in 3 before the fix
     ("destroy_one_subgroup", "shm", 3), ("destroy_one_subgroup", "gloo", 1),
     ("reinit", "shm", 3), ("reinit", "gloo", 1),
-    ("exit_without_destroy", "shm", 5), ("exit_without_destroy", "gloo", 2),
+    # No Gloo row: Gloo alone aborts now and then at this exit (torch issue #190489; 1 of 2 runs in a CI
+    # run of 2026-11-24), which shm's exit hook prevents for the jobs that have an shm group.
+    ("exit_without_destroy", "shm", 5),
     ("forked_dataloader_workers", "shm", 3), ("forked_dataloader_workers", "gloo", 1),
     ("abort_hung_collective", "shm", 3),  # Gloo on torch 2.13 has no abort
     # Aborted in every run before the exit waited for Gloo's workers; Gloo alone aborts in every run too
