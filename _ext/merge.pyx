@@ -18,6 +18,11 @@ order (a stable sort), copies the first row and adds the others one by one.
 Adding row by row, each addition rounded to the value dtype, is what calling
 the reduction kernel once per added row does (``n`` elements, one row).
 
+The merge walks the indices twice: once to count the rows of the sum
+(``merged_rows``, indices only), so that the sum's tensors are allocated at
+their exact size, then to write them. They become the caller's tensor's own
+(no copy after the merge).
+
 Torch's way sorts the concatenation (n log n, then a gather of every row);
 this reads each row once and is most of the speed of shm's sparse all_reduce.
 
@@ -41,62 +46,86 @@ cdef inline int _compare(const int64_t *a, const int64_t *b, int dims) noexcept 
     return 0
 
 
-def merge(uintptr_t indices, uintptr_t values, uintptr_t counts, int size, Py_ssize_t most, int dims,
-          Py_ssize_t row_elems, Py_ssize_t row_bytes, uintptr_t out_indices, uintptr_t out_values,
-          Py_ssize_t capacity, uintptr_t kernel, int64_t sum_op):
-    """Sum ``size`` sorted, coalesced parts; return the number of rows of the sum.
-
-    ``indices``: int64 [size, most, dims], rank r's first ``counts[r]`` rows valid;
-    ``values``: [size, most] rows of ``row_bytes`` bytes (``row_elems`` elements);
-    ``counts``: int64 [size]. Writes the indices as int64 [dims, capacity] (column
-    o is the o-th row of the sum) and the values as [capacity] rows;
-    ``capacity`` is at least the sum of the counts.
-    """
-    cdef const int64_t *idx = <const int64_t *>indices
-    cdef const char *val = <const char *>values
-    cdef const int64_t *count = <const int64_t *>counts
-    cdef int64_t *out_idx = <int64_t *>out_indices
-    cdef char *out_val = <char *>out_values
-    cdef kernel_t add = <kernel_t>kernel
-    cdef Py_ssize_t *head = <Py_ssize_t *>calloc(size if size > 0 else 1, sizeof(Py_ssize_t))
+cdef Py_ssize_t _merge(const int64_t *idx, const char *val, const int64_t *count, int size, Py_ssize_t most,
+                       int dims, Py_ssize_t row_elems, Py_ssize_t row_bytes, int64_t *out_idx, char *out_val,
+                       Py_ssize_t nnz, kernel_t add, int64_t sum_op, Py_ssize_t *head) noexcept nogil:
+    """The k-way merge; with ``out_idx`` NULL it only counts the rows of the sum (``nnz`` unused), else it
+    writes them (``nnz``: the count, the column stride of ``out_idx``; -1 if there are more)."""
     cdef Py_ssize_t o = 0, row_stride = most * dims
     cdef int r, best, d
     cdef const int64_t *smallest
     cdef const int64_t *candidate
-    cdef char *sum_row
+    cdef char *sum_row = NULL
+    while True:
+        best = -1
+        smallest = NULL
+        for r in range(size):
+            if head[r] < count[r]:
+                candidate = idx + r * row_stride + head[r] * dims
+                if best < 0 or _compare(candidate, smallest, dims) < 0:
+                    best, smallest = r, candidate
+        if best < 0:
+            return o
+        if out_idx != NULL:
+            if o >= nnz:  # more rows than counted: stop rather than write past the end
+                return -1
+            for d in range(dims):
+                out_idx[d * nnz + o] = smallest[d]
+            sum_row = out_val + o * row_bytes
+            memcpy(sum_row, val + (best * most + head[best]) * row_bytes, row_bytes)
+        head[best] += 1
+        # Lower ranks cannot hold this index: one of them would have been ``best``.
+        for r in range(best + 1, size):
+            if head[r] < count[r] and _compare(idx + r * row_stride + head[r] * dims, smallest, dims) == 0:
+                if out_idx != NULL and row_elems > 0:
+                    add(sum_row, sum_row, <void *>(val + (r * most + head[r]) * row_bytes), 1, row_elems,
+                        row_elems, sum_op, 1.0)
+                head[r] += 1
+        o += 1
+
+
+cdef Py_ssize_t *_heads(int size) except NULL:
+    cdef Py_ssize_t *head = <Py_ssize_t *>calloc(size if size > 0 else 1, sizeof(Py_ssize_t))
     if head == NULL:
         raise MemoryError("sparse all_reduce: no memory for the merge's heads")
-    try:
-        with nogil:
-            while True:
-                best = -1
-                smallest = NULL
-                for r in range(size):
-                    if head[r] < count[r]:
-                        candidate = idx + r * row_stride + head[r] * dims
-                        if best < 0 or _compare(candidate, smallest, dims) < 0:
-                            best, smallest = r, candidate
-                if best < 0:
-                    break
-                if o >= capacity:  # the counts lied about the parts: stop rather than write past the end
-                    with gil:
-                        raise ValueError(f"sparse all_reduce: the merged parts exceed {capacity} rows")
-                for d in range(dims):
-                    out_idx[d * capacity + o] = smallest[d]
-                sum_row = out_val + o * row_bytes
-                memcpy(sum_row, val + (best * most + head[best]) * row_bytes, row_bytes)
-                head[best] += 1
-                # Lower ranks cannot hold this index: one of them would have been ``best``.
-                for r in range(best + 1, size):
-                    if head[r] < count[r] and _compare(idx + r * row_stride + head[r] * dims, smallest, dims) == 0:
-                        if row_elems > 0:
-                            add(sum_row, sum_row, <void *>(val + (r * most + head[r]) * row_bytes), 1, row_elems,
-                                row_elems, sum_op, 1.0)
-                        head[r] += 1
-                o += 1
-    finally:
-        free(head)
-    return o
+    return head
+
+
+def merged_rows(uintptr_t indices, uintptr_t counts, int size, Py_ssize_t most, int dims):
+    """The number of rows the sum of the parts has (the distinct indices among them); the arguments are
+    ``merge``'s."""
+    cdef Py_ssize_t *head = _heads(size)
+    cdef Py_ssize_t rows
+    with nogil:
+        rows = _merge(<const int64_t *>indices, NULL, <const int64_t *>counts, size, most, dims, 0, 0, NULL,
+                      NULL, 0, NULL, 0, head)
+    free(head)
+    return rows
+
+
+def merge(uintptr_t indices, uintptr_t values, uintptr_t counts, int size, Py_ssize_t most, int dims,
+          Py_ssize_t row_elems, Py_ssize_t row_bytes, uintptr_t out_indices, uintptr_t out_values,
+          Py_ssize_t nnz, uintptr_t kernel, int64_t sum_op):
+    """Sum ``size`` sorted, coalesced parts into ``nnz`` rows (``merged_rows``'s count).
+
+    ``indices``: int64 [size, most, dims], rank r's first ``counts[r]`` rows valid;
+    ``values``: [size, most] rows of ``row_bytes`` bytes (``row_elems`` elements);
+    ``counts``: int64 [size]. Writes the indices as int64 [dims, nnz] (column o is
+    the o-th row of the sum: the layout of a sparse tensor's indices) and the
+    values as [nnz] rows.
+    """
+    cdef Py_ssize_t *head = _heads(size)
+    cdef Py_ssize_t rows
+    if nnz < 0:
+        raise ValueError(f"sparse all_reduce: a sum of {nnz} rows")
+    with nogil:
+        rows = _merge(<const int64_t *>indices, <const char *>values, <const int64_t *>counts, size, most, dims,
+                      row_elems, row_bytes, <int64_t *>out_indices, <char *>out_values, nnz, <kernel_t>kernel,
+                      sum_op, head)
+    free(head)
+    if rows != nnz:  # cannot happen: the parts are this rank's own memory, unchanged since merged_rows
+        raise ValueError(f"sparse all_reduce: the parts merged into {rows} rows, {nnz} were counted")
+    return rows
 
 
 def coalesce(uintptr_t sorted_keys, uintptr_t permutation, Py_ssize_t nnz, uintptr_t indices, int dims,

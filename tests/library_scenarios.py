@@ -254,6 +254,18 @@ def _sparse(rank: int, shape, nnz: int, sparse_dim: int, dtype, seed: int, coale
     return t.coalesce() if coalesced else t
 
 
+def _all_reduce_in_place(tensor, part, group) -> None:
+    """all_reduce the sparse ``tensor`` (a copy of ``part``) as Gloo does it, in place with copy_'s contract:
+    the tensor is coalesced and its version bumped; indices and values taken from it before keep theirs."""
+    version, indices, values = tensor._version, tensor._indices(), tensor._values()
+    dist.all_reduce(tensor, group=group)
+    where = f"on {dist.get_backend(group)}"
+    assert tensor.is_coalesced(), where
+    assert tensor._version > version, (where, version, tensor._version)
+    _same(indices, part._indices(), f"indices taken before the call {where}")
+    _same(values, part._values(), f"values taken before the call {where}")
+
+
 def sparse(cases):
     rank, world = dist.get_rank(), dist.get_world_size()
     specs = [  # shape, nnz per rank, sparse dims, dtype, coalesced, rounded values
@@ -276,7 +288,9 @@ def sparse(cases):
                   rounded=rounded):
             parts = [_sparse(r, shape, nnz[r], sparse_dim, dtype, i, coalesced, rounded) for r in range(world)]
             ours = parts[rank].clone()
-            dist.all_reduce(ours)
+            _all_reduce_in_place(ours, parts[rank], None)
+            # A later call, other data: it must leave this result alone (none of shm's memory is the result's).
+            dist.all_reduce(_sparse(rank, shape, nnz[rank], sparse_dim, dtype, i + 1000, coalesced, rounded))
             ours = ours.coalesce()
             # The reference: each rank's part coalesced (torch's sum of its duplicates), then the parts
             # added in rank order, one rounding per addition (Gloo adds the gathered parts one by one),
@@ -289,7 +303,7 @@ def sparse(cases):
             _same(ours.values(), dense[tuple(indices)], "values")
             if dtype != torch.float16:  # Gloo has no float16 sparse sum (shm has: torch coalesces float16)
                 theirs = parts[rank].clone()
-                dist.all_reduce(theirs, group=_gloo())
+                _all_reduce_in_place(theirs, parts[rank], _gloo())
                 theirs = theirs.coalesce()
                 _same(ours.indices(), theirs.indices(), "indices against Gloo")
                 _same(ours.values(), theirs.values(), "values against Gloo")

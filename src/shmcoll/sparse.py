@@ -40,8 +40,9 @@ def check_op(redop) -> None:
 class Buffers:
     """The memory a group's sparse all_reduces reuse from call to call.
 
-    A call needs five buffers about the size of the gradient (this rank's part,
-    every rank's indices and values, their sum). New memory is slow to fill the
+    A call needs three buffers about the size of the gradient (this rank's part,
+    every rank's indices and values; the sum goes to new tensors that the caller
+    keeps). New memory is slow to fill the
     first time (page faults: on the 2-core VM, 4 MiB of new memory took ~1 ms to
     fill, reused memory 0.07 ms), and a DDP step sends a gradient of about the
     same size every step, so each buffer is kept and grown, never shrunk. A
@@ -110,10 +111,13 @@ def _allreduce(tensor: torch.Tensor, placement, rank: int, size: int, buffers: B
     all_indices = all_indices.view(size, most, sparse_dim)
     all_values = all_values.view(size, most, *dense_shape)
     if kernel is None:
-        result = _added(all_indices, all_values, counts, tensor.shape)
-    else:
-        result = _merged(all_indices, all_values, counts, tensor.shape, kernel, buffers)
-    tensor.copy_(result)  # copies: the result lives in the buffers
+        tensor.copy_(_added(all_indices, all_values, counts, tensor.shape))
+        return
+    # The sum is written into new tensors of its exact size that become the tensor's own indices and values:
+    # what tensor.copy_(sum) leaves, without copying the sum once more. As copy_ does, this replaces the
+    # tensor's indices and values (tensors taken from it before keep the old ones) and bumps its version.
+    tensor.data = _merged(all_indices, all_values, counts, tensor.shape, kernel)
+    torch.autograd.graph.increment_version(tensor)
 
 
 def _sum_kernel(dtype: torch.dtype) -> int | None:
@@ -158,21 +162,19 @@ def _flattened(indices: torch.Tensor, shape) -> torch.Tensor:
     return (indices * torch.tensor(strides, dtype=torch.int64)[:, None]).sum(0)
 
 
-def _merged(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, shape, kernel: int,
-            buffers: Buffers) -> torch.Tensor:
-    """The coalesced sum of the gathered parts, merged in one pass (``shmcoll._merge``)."""
+def _merged(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, shape, kernel: int) -> torch.Tensor:
+    """The coalesced sum of the gathered parts, in new tensors (``shmcoll._merge``)."""
     size, most, sparse_dim = all_indices.shape
     dense_shape = tuple(all_values.shape[2:])
-    capacity = sum(counts)
     row_elems = math.prod(dense_shape)
-    sum_indices = buffers.rows("sum_indices", sparse_dim, (capacity,), torch.int64)
-    sum_values = buffers.rows("sum_values", capacity, dense_shape, all_values.dtype)
     rows = torch.tensor(counts, dtype=torch.int64)
-    nnz = _merge.merge(all_indices.data_ptr(), all_values.data_ptr(), rows.data_ptr(), size, most, sparse_dim,
-                       row_elems, row_elems * all_values.element_size(), sum_indices.data_ptr(),
-                       sum_values.data_ptr(), capacity, kernel, kernel_abi.SUM)
-    return torch.sparse_coo_tensor(sum_indices[:, :nnz], sum_values[:nnz], shape, is_coalesced=True,
-                                   check_invariants=False)
+    nnz = _merge.merged_rows(all_indices.data_ptr(), rows.data_ptr(), size, most, sparse_dim)
+    sum_indices = torch.empty((sparse_dim, nnz), dtype=torch.int64)
+    sum_values = torch.empty((nnz, *dense_shape), dtype=all_values.dtype)
+    _merge.merge(all_indices.data_ptr(), all_values.data_ptr(), rows.data_ptr(), size, most, sparse_dim,
+                 row_elems, row_elems * all_values.element_size(), sum_indices.data_ptr(), sum_values.data_ptr(),
+                 nnz, kernel, kernel_abi.SUM)
+    return torch.sparse_coo_tensor(sum_indices, sum_values, shape, is_coalesced=True, check_invariants=False)
 
 
 def _added(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, shape):
