@@ -16,7 +16,7 @@ def _parts(world: int, shape, nnz, sparse_dim: int, seed: int) -> list:
     for r in range(world):
         indices = torch.stack([torch.randint(0, shape[d], (nnz[r],), generator=g) for d in range(sparse_dim)])
         values = torch.randn((nnz[r], *shape[sparse_dim:]), generator=g) * 10 ** r  # sums that round
-        parts.append(torch.sparse_coo_tensor(indices, values, shape).coalesce())
+        parts.append(torch.sparse_coo_tensor(indices, values, shape, check_invariants=True).coalesce())
     return parts
 
 
