@@ -114,17 +114,19 @@ def merge(uintptr_t indices, uintptr_t values, uintptr_t counts, int size, Py_ss
     the o-th row of the sum: the layout of a sparse tensor's indices) and the
     values as [nnz] rows.
     """
-    cdef Py_ssize_t *head = _heads(size)
+    cdef Py_ssize_t *head
     cdef Py_ssize_t rows
     if nnz < 0:
         raise ValueError(f"sparse all_reduce: a sum of {nnz} rows")
+    head = _heads(size)  # after the check: a raise must not leave it allocated
     with nogil:
         rows = _merge(<const int64_t *>indices, <const char *>values, <const int64_t *>counts, size, most, dims,
                       row_elems, row_bytes, <int64_t *>out_indices, <char *>out_values, nnz, <kernel_t>kernel,
                       sum_op, head)
     free(head)
     if rows != nnz:  # cannot happen: the parts are this rank's own memory, unchanged since merged_rows
-        raise ValueError(f"sparse all_reduce: the parts merged into {rows} rows, {nnz} were counted")
+        merged = f"more than {nnz}" if rows < 0 else rows
+        raise ValueError(f"sparse all_reduce: the parts merge into {merged} rows, {nnz} were counted")
     return rows
 
 

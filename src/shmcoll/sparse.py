@@ -42,12 +42,12 @@ class Buffers:
 
     A call needs three buffers about the size of the gradient (this rank's part,
     every rank's indices and values; the sum goes to new tensors that the caller
-    keeps). New memory is slow to fill the
-    first time (page faults: on the 2-core VM, 4 MiB of new memory took ~1 ms to
-    fill, reused memory 0.07 ms), and a DDP step sends a gradient of about the
-    same size every step, so each buffer is kept and grown, never shrunk. A
-    buffer above ``KEEP_BYTES`` is dropped at the end of its call (``trim``): a
-    one-off huge tensor must not pin that much memory for the group's life. The collectives of a group run one at
+    keeps). New memory is slow to fill the first time (page faults: on the
+    2-core VM, 4 MiB of new memory took ~1 ms to fill, reused memory 0.07 ms),
+    and a DDP step sends a gradient of about the same size every step, so each
+    buffer is kept and grown, never shrunk. A buffer above ``KEEP_BYTES`` is
+    dropped at the end of its call (``trim``): a one-off huge tensor must not pin
+    that much memory for the group's life. The collectives of a group run one at
     a time (issue order), so one set serves them all.
     """
 
