@@ -1,4 +1,4 @@
-# Declarations of shmcoll_arch.h: atomics, pause, futex and clock helpers.
+# Declarations of shmcoll_arch.h: atomics, pause, futex, clock and prefetch helpers.
 from libc.stdint cimport uint32_t, uint64_t, int64_t
 
 cdef extern from "shmcoll_arch.h" nogil:
@@ -15,3 +15,4 @@ cdef extern from "shmcoll_arch.h" nogil:
     void shmcoll_futex_wait(uint32_t *addr, uint32_t expected, int64_t timeout_ns)
     void shmcoll_futex_wake_all(uint32_t *addr)
     int shmcoll_reached(uint32_t a, uint32_t b)
+    void shmcoll_prefetch(const void *p)

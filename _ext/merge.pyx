@@ -18,10 +18,17 @@ order (a stable sort), copies the first row and adds the others one by one.
 Adding row by row, each addition rounded to the value dtype, is what calling
 the reduction kernel once per added row does (``n`` elements, one row).
 
-The merge walks the indices twice: once to count the rows of the sum
-(``merged_rows``, indices only), so that the sum's tensors are allocated at
-their exact size, then to write them. They become the caller's tensor's own
-(no copy after the merge).
+The merge is two passes. ``plan`` walks the indices alone, comparing them,
+and writes down the order: for every row of the parts, whether it starts a
+row of the sum or is added to the one before. That counts the rows of the sum,
+so its tensors are allocated at their exact size (they become the caller's
+tensor's own: no copy after the merge). ``merge`` then follows the steps
+without comparing anything, so the comparisons' mispredicted branches (which
+part holds the smaller index is random) are paid in one pass, not two. Two
+parts of one sparse dimension, the common case (2 ranks, an embedding), are
+planned without such a branch (``_plan_two``). For two parts of ~7700 rows of
+64 floats on the 2-core VM: counting 0.12 ms and merging 0.18 ms before,
+0.045 ms and 0.09 ms now (hot caches).
 
 Torch's way sorts the concatenation (n log n, then a gather of every row);
 this reads each row once and is most of the speed of shm's sparse all_reduce.
@@ -29,9 +36,19 @@ this reads each row once and is most of the speed of shm's sparse all_reduce.
 Both add by calling the reduction kernel once per added row (``n`` elements, one
 row): one rounding to the value dtype per addition, as torch's additions round.
 """
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
+
+from arch cimport shmcoll_prefetch
+
+# The permutation takes the rows in an order no hardware prefetcher follows, and a gradient that was
+# written a while ago (or on another core) is out of this core's caches: each row is asked for this many
+# rows ahead, at most PREFETCH_BYTES of it (the hardware follows a longer row's lines itself). On the
+# 2-core VM this took the pass over a cold 8192 x 256 B gradient from 0.37 to 0.15 ms.
+cdef enum:
+    PREFETCH_AHEAD = 16
+    PREFETCH_BYTES = 512
 
 ctypedef void (*kernel_t)(void *out, void *first, void *rows, int64_t nrows, int64_t row_stride,
                           int64_t n, int64_t op, double scale) noexcept nogil
@@ -46,16 +63,13 @@ cdef inline int _compare(const int64_t *a, const int64_t *b, int dims) noexcept 
     return 0
 
 
-cdef Py_ssize_t _merge(const int64_t *idx, const char *val, const int64_t *count, int size, Py_ssize_t most,
-                       int dims, Py_ssize_t row_elems, Py_ssize_t row_bytes, int64_t *out_idx, char *out_val,
-                       Py_ssize_t nnz, kernel_t add, int64_t sum_op, Py_ssize_t *head) noexcept nogil:
-    """The k-way merge; with ``out_idx`` NULL it only counts the rows of the sum (``nnz`` unused), else it
-    writes them (``nnz``: the count, the column stride of ``out_idx``; -1 if there are more)."""
-    cdef Py_ssize_t o = 0, row_stride = most * dims
-    cdef int r, best, d
+cdef Py_ssize_t _plan(const int64_t *idx, const int64_t *count, int size, Py_ssize_t most, int dims,
+                      int32_t *steps, Py_ssize_t *head) noexcept nogil:
+    """The k-way merge over the indices alone, written as ``steps`` (see ``plan``); the rows of the sum."""
+    cdef Py_ssize_t o = 0, s = 0, row_stride = most * dims
+    cdef int r, best
     cdef const int64_t *smallest
     cdef const int64_t *candidate
-    cdef char *sum_row = NULL
     while True:
         best = -1
         smallest = NULL
@@ -66,22 +80,75 @@ cdef Py_ssize_t _merge(const int64_t *idx, const char *val, const int64_t *count
                     best, smallest = r, candidate
         if best < 0:
             return o
-        if out_idx != NULL:
-            if o >= nnz:  # more rows than counted: stop rather than write past the end
-                return -1
-            for d in range(dims):
-                out_idx[d * nnz + o] = smallest[d]
-            sum_row = out_val + o * row_bytes
-            memcpy(sum_row, val + (best * most + head[best]) * row_bytes, row_bytes)
+        steps[s] = best
+        s += 1
         head[best] += 1
         # Lower ranks cannot hold this index: one of them would have been ``best``.
         for r in range(best + 1, size):
             if head[r] < count[r] and _compare(idx + r * row_stride + head[r] * dims, smallest, dims) == 0:
-                if out_idx != NULL and row_elems > 0:
-                    add(sum_row, sum_row, <void *>(val + (r * most + head[r]) * row_bytes), 1, row_elems,
-                        row_elems, sum_op, 1.0)
+                steps[s] = -1 - r
+                s += 1
                 head[r] += 1
         o += 1
+
+
+cdef Py_ssize_t _plan_two(const int64_t *a, Py_ssize_t na, const int64_t *b, Py_ssize_t nb,
+                          int32_t *steps) noexcept nogil:
+    """``_plan`` for two parts of one sparse dimension (2 ranks, an embedding's gradient), written without a
+    branch that depends on the indices: which part holds the smaller is random, so a branch on it is
+    mispredicted every other row. The same steps as ``_plan``'s."""
+    cdef Py_ssize_t i = 0, j = 0, s = 0, o = 0
+    cdef int64_t x, y
+    while i < na and j < nb:  # two rows or more remain, so steps[s + 1] is in bounds
+        x = a[i]
+        y = b[j]
+        steps[s] = x > y  # rank 1 starts the row where its index is the smaller, rank 0 otherwise
+        steps[s + 1] = -2  # rank 1 added to rank 0's row: kept only where the indices are equal
+        s += 1 + (x == y)
+        i += x <= y
+        j += y <= x
+        o += 1
+    while i < na:
+        steps[s] = 0
+        s += 1
+        i += 1
+        o += 1
+    while j < nb:
+        steps[s] = 1
+        s += 1
+        j += 1
+        o += 1
+    return o
+
+
+cdef Py_ssize_t _follow(const int32_t *steps, Py_ssize_t total, const int64_t *idx, const char *val,
+                        const int64_t *count, int size, Py_ssize_t most, int dims, Py_ssize_t row_elems,
+                        Py_ssize_t row_bytes, int64_t *out_idx, char *out_val, Py_ssize_t nnz, kernel_t add,
+                        int64_t sum_op, Py_ssize_t *head) noexcept nogil:
+    """Write the sum along ``steps``; the rows written, or -1 where the steps do not fit the parts and
+    ``nnz`` (nothing is written out of bounds)."""
+    cdef Py_ssize_t s, o = -1, row
+    cdef int32_t step
+    cdef int r, d
+    cdef char *sum_row = NULL
+    for s in range(total):
+        step = steps[s]
+        r = step if step >= 0 else -1 - step
+        if r >= size or head[r] >= count[r] or (step < 0 and o < 0):
+            return -1
+        row = r * most + head[r]
+        head[r] += 1
+        if step >= 0:
+            o += 1
+            if o >= nnz:
+                return -1
+            for d in range(dims):
+                out_idx[d * nnz + o] = idx[row * dims + d]
+            sum_row = out_val + o * row_bytes
+            memcpy(sum_row, val + row * row_bytes, row_bytes)
+        elif row_elems > 0:
+            add(sum_row, sum_row, <void *>(val + row * row_bytes), 1, row_elems, row_elems, sum_op, 1.0)
+    return o + 1
 
 
 cdef Py_ssize_t *_heads(int size) except NULL:
@@ -91,28 +158,37 @@ cdef Py_ssize_t *_heads(int size) except NULL:
     return head
 
 
-def merged_rows(uintptr_t indices, uintptr_t counts, int size, Py_ssize_t most, int dims):
-    """The number of rows the sum of the parts has (the distinct indices among them); the arguments are
-    ``merge``'s."""
+def plan(uintptr_t indices, uintptr_t counts, int size, Py_ssize_t most, int dims, uintptr_t steps):
+    """Merge the parts' indices; return the number of rows of their sum.
+
+    ``indices``: int64 [size, most, dims], rank r's first ``counts[r]`` rows valid, each
+    part sorted and without duplicates; ``counts``: int64 [size]. Writes one int32 to
+    ``steps`` per row of the parts (``sum(counts)``), in the order the sum takes them:
+    ``r`` where rank r's next row starts a row of the sum, ``-1 - r`` where it is added
+    to the row before.
+    """
     cdef Py_ssize_t *head = _heads(size)
     cdef Py_ssize_t rows
+    cdef const int64_t *idx = <const int64_t *>indices
+    cdef const int64_t *count = <const int64_t *>counts
     with nogil:
-        rows = _merge(<const int64_t *>indices, NULL, <const int64_t *>counts, size, most, dims, 0, 0, NULL,
-                      NULL, 0, NULL, 0, head)
+        if size == 2 and dims == 1:
+            rows = _plan_two(idx, count[0], idx + most, count[1], <int32_t *>steps)
+        else:
+            rows = _plan(idx, count, size, most, dims, <int32_t *>steps, head)
     free(head)
     return rows
 
 
-def merge(uintptr_t indices, uintptr_t values, uintptr_t counts, int size, Py_ssize_t most, int dims,
-          Py_ssize_t row_elems, Py_ssize_t row_bytes, uintptr_t out_indices, uintptr_t out_values,
-          Py_ssize_t nnz, uintptr_t kernel, int64_t sum_op):
-    """Sum ``size`` sorted, coalesced parts into ``nnz`` rows (``merged_rows``'s count).
+def merge(uintptr_t steps, Py_ssize_t total, uintptr_t indices, uintptr_t values, uintptr_t counts, int size,
+          Py_ssize_t most, int dims, Py_ssize_t row_elems, Py_ssize_t row_bytes, uintptr_t out_indices,
+          uintptr_t out_values, Py_ssize_t nnz, uintptr_t kernel, int64_t sum_op):
+    """Sum the parts into ``nnz`` rows along ``plan``'s ``total`` steps (``plan``'s return: ``nnz``).
 
-    ``indices``: int64 [size, most, dims], rank r's first ``counts[r]`` rows valid;
-    ``values``: [size, most] rows of ``row_bytes`` bytes (``row_elems`` elements);
-    ``counts``: int64 [size]. Writes the indices as int64 [dims, nnz] (column o is
-    the o-th row of the sum: the layout of a sparse tensor's indices) and the
-    values as [nnz] rows.
+    ``indices``, ``counts``: ``plan``'s; ``values``: [size, most] rows of ``row_bytes``
+    bytes (``row_elems`` elements). Writes the indices as int64 [dims, nnz] (column o is
+    the o-th row of the sum: the layout of a sparse tensor's indices) and the values as
+    [nnz] rows.
     """
     cdef Py_ssize_t *head
     cdef Py_ssize_t rows
@@ -120,13 +196,13 @@ def merge(uintptr_t indices, uintptr_t values, uintptr_t counts, int size, Py_ss
         raise ValueError(f"sparse all_reduce: a sum of {nnz} rows")
     head = _heads(size)  # after the check: a raise must not leave it allocated
     with nogil:
-        rows = _merge(<const int64_t *>indices, <const char *>values, <const int64_t *>counts, size, most, dims,
-                      row_elems, row_bytes, <int64_t *>out_indices, <char *>out_values, nnz, <kernel_t>kernel,
-                      sum_op, head)
+        rows = _follow(<const int32_t *>steps, total, <const int64_t *>indices, <const char *>values,
+                       <const int64_t *>counts, size, most, dims, row_elems, row_bytes, <int64_t *>out_indices,
+                       <char *>out_values, nnz, <kernel_t>kernel, sum_op, head)
     free(head)
-    if rows != nnz:  # cannot happen: the parts are this rank's own memory, unchanged since merged_rows
-        merged = f"more than {nnz}" if rows < 0 else rows
-        raise ValueError(f"sparse all_reduce: the parts merge into {merged} rows, {nnz} were counted")
+    if rows != nnz:  # cannot happen: the steps are plan's for these parts, unchanged since
+        raise ValueError(f"sparse all_reduce: the merge's {total} steps do not make the {nnz} rows planned "
+                         f"from {size} parts")
     return rows
 
 
@@ -146,11 +222,15 @@ def coalesce(uintptr_t sorted_keys, uintptr_t permutation, Py_ssize_t nnz, uintp
     cdef int64_t *out_idx = <int64_t *>out_indices
     cdef char *out_val = <char *>out_values
     cdef kernel_t add = <kernel_t>kernel
-    cdef Py_ssize_t j, pos, o = -1
+    cdef Py_ssize_t j, pos, o = -1, line
+    cdef Py_ssize_t fetched = row_bytes if row_bytes < PREFETCH_BYTES else PREFETCH_BYTES
     cdef int d
     cdef char *sum_row = NULL
     with nogil:
         for j in range(nnz):
+            if j + PREFETCH_AHEAD < nnz:
+                for line in range(0, fetched, 64):
+                    shmcoll_prefetch(val + order[j + PREFETCH_AHEAD] * row_bytes + line)
             pos = order[j]
             if j > 0 and key[j] == key[j - 1]:
                 if row_elems > 0:

@@ -1,4 +1,4 @@
-/* Process-shared synchronisation primitives for shmcoll's Cython layer.
+/* Process-shared synchronisation primitives (and a prefetch hint) for shmcoll's Cython layer.
  *
  * Control words live in a MAP_SHARED segment, so every access that another
  * process may observe is an explicit __atomic operation; the futex calls use
@@ -69,6 +69,13 @@ static inline void shmcoll_futex_wait(uint32_t *addr, uint32_t expected, int64_t
 }
 static inline void shmcoll_futex_wake_all(uint32_t *addr) {
     syscall(SYS_futex, addr, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+}
+
+/* A hint that *p will be read soon (into every cache level): for reads in an
+ * order the hardware prefetcher cannot guess, such as rows taken along a
+ * permutation. */
+static inline void shmcoll_prefetch(const void *p) {
+    __builtin_prefetch(p, 0, 3);
 }
 
 /* Sequence numbers are 32-bit and wrap; "a has reached b" is a signed

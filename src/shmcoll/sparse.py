@@ -41,14 +41,15 @@ class Buffers:
     """The memory a group's sparse all_reduces reuse from call to call.
 
     A call needs three buffers about the size of the gradient (this rank's part,
-    every rank's indices and values; the sum goes to new tensors that the caller
-    keeps). New memory is slow to fill the first time (page faults: on the
-    2-core VM, 4 MiB of new memory took ~1 ms to fill, reused memory 0.07 ms),
-    and a DDP step sends a gradient of about the same size every step, so each
-    buffer is kept and grown, never shrunk. A buffer above ``KEEP_BYTES`` is
-    dropped at the end of its call (``trim``): a one-off huge tensor must not pin
-    that much memory for the group's life. The collectives of a group run one at
-    a time (issue order), so one set serves them all.
+    every rank's indices and values) and the merge's steps (4 bytes per gathered
+    row); the sum goes to new tensors that the caller keeps. New memory is slow
+    to fill the first time (page faults: on the 2-core VM, 4 MiB of new memory
+    took ~1 ms to fill, reused memory 0.07 ms), and a DDP step sends a gradient
+    of about the same size every step, so each buffer is kept and grown, never
+    shrunk. A buffer above ``KEEP_BYTES`` is dropped at the end of its call
+    (``trim``): a one-off huge tensor must not pin that much memory for the
+    group's life. The collectives of a group run one at a time (issue order), so
+    one set serves them all.
     """
 
     KEEP_BYTES = 64 << 20
@@ -116,7 +117,7 @@ def _allreduce(tensor: torch.Tensor, placement, rank: int, size: int, buffers: B
     # The sum is written into new tensors of its exact size that become the tensor's own indices and values:
     # what tensor.copy_(sum) leaves, without copying the sum once more. As copy_ does, this replaces the
     # tensor's indices and values (tensors taken from it before keep the old ones) and bumps its version.
-    tensor.data = _merged(all_indices, all_values, counts, tensor.shape, kernel)
+    tensor.data = _merged(all_indices, all_values, counts, tensor.shape, kernel, buffers)
     torch.autograd.graph.increment_version(tensor)
 
 
@@ -162,18 +163,20 @@ def _flattened(indices: torch.Tensor, shape) -> torch.Tensor:
     return (indices * torch.tensor(strides, dtype=torch.int64)[:, None]).sum(0)
 
 
-def _merged(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, shape, kernel: int) -> torch.Tensor:
-    """The coalesced sum of the gathered parts, in new tensors (``shmcoll._merge``)."""
+def _merged(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, shape, kernel: int,
+            buffers: Buffers) -> torch.Tensor:
+    """The coalesced sum of the gathered parts, in new tensors: ``shmcoll._merge``'s plan, then its merge."""
     size, most, sparse_dim = all_indices.shape
     dense_shape = tuple(all_values.shape[2:])
     row_elems = math.prod(dense_shape)
     rows = torch.tensor(counts, dtype=torch.int64)
-    nnz = _merge.merged_rows(all_indices.data_ptr(), rows.data_ptr(), size, most, sparse_dim)
+    steps = buffers.rows("steps", sum(counts), (), torch.int32)
+    nnz = _merge.plan(all_indices.data_ptr(), rows.data_ptr(), size, most, sparse_dim, steps.data_ptr())
     sum_indices = torch.empty((sparse_dim, nnz), dtype=torch.int64)
     sum_values = torch.empty((nnz, *dense_shape), dtype=all_values.dtype)
-    _merge.merge(all_indices.data_ptr(), all_values.data_ptr(), rows.data_ptr(), size, most, sparse_dim,
-                 row_elems, row_elems * all_values.element_size(), sum_indices.data_ptr(), sum_values.data_ptr(),
-                 nnz, kernel, kernel_abi.SUM)
+    _merge.merge(steps.data_ptr(), steps.numel(), all_indices.data_ptr(), all_values.data_ptr(), rows.data_ptr(),
+                 size, most, sparse_dim, row_elems, row_elems * all_values.element_size(), sum_indices.data_ptr(),
+                 sum_values.data_ptr(), nnz, kernel, kernel_abi.SUM)
     return torch.sparse_coo_tensor(sum_indices, sum_values, shape, is_coalesced=True, check_invariants=False)
 
 

@@ -1,5 +1,6 @@
 """The k-way merge of the sparse all_reduce (shmcoll._merge) on its own: the parts' sum in rank order,
-against torch's sparse additions done one by one, and no write past the rows it was given."""
+against torch's sparse additions done one by one, no write past the rows it was given, and steps that do not
+fit the parts refused."""
 from __future__ import annotations
 
 import math
@@ -33,18 +34,20 @@ def _gathered(parts):
 
 
 @pytest.mark.parametrize("world, shape, nnz, sparse_dim", [
-    (1, (40, 3), [0], 1), (2, (40, 3), [25, 0], 1), (3, (40, 3), [25, 31, 17], 1),
+    (1, (40, 3), [0], 1), (2, (40, 3), [25, 0], 1), (2, (40, 3), [0, 25], 1), (2, (40, 3), [25, 31], 1),
+    (2, (6, 2), [30, 30], 1), (2, (1000, 2), [300, 1], 1), (3, (40, 3), [25, 31, 17], 1),
     (3, (9, 7, 2), [20, 5, 33], 2), (4, (30, 20), [50, 1, 40, 60], 2),
 ])
 def test_merge_adds_the_parts_in_rank_order(world, shape, nnz, sparse_dim):
     parts = _parts(world, shape, nnz, sparse_dim, seed=world)
     indices, values, counts = _gathered(parts)
     most, row_elems = indices.shape[1], math.prod(shape[sparse_dim:])
-    rows = _merge.merged_rows(indices.data_ptr(), counts.data_ptr(), world, most, sparse_dim)
+    steps = torch.full((int(counts.sum()),), 1 << 30, dtype=torch.int32)
+    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), world, most, sparse_dim, steps.data_ptr())
     out_indices = torch.empty((sparse_dim, rows), dtype=torch.int64)
     out_values = torch.empty((rows, *shape[sparse_dim:]))
-    _merge.merge(indices.data_ptr(), values.data_ptr(), counts.data_ptr(), world, most, sparse_dim, row_elems,
-                 row_elems * 4, out_indices.data_ptr(), out_values.data_ptr(), rows,
+    _merge.merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), world,
+                 most, sparse_dim, row_elems, row_elems * 4, out_indices.data_ptr(), out_values.data_ptr(), rows,
                  kernel_library.entry_point("float32"), kernel_abi.SUM)
     expected = parts[0]
     for part in parts[1:]:
@@ -56,11 +59,47 @@ def test_merge_adds_the_parts_in_rank_order(world, shape, nnz, sparse_dim):
 def test_merge_stops_at_the_rows_it_was_given():
     parts = _parts(2, (40, 3), [25, 30], 1, seed=5)
     indices, values, counts = _gathered(parts)
-    rows = _merge.merged_rows(indices.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 1)
+    steps = torch.empty((int(counts.sum()),), dtype=torch.int32)
+    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 1, steps.data_ptr())
     out_indices = torch.zeros((1, rows), dtype=torch.int64)
     out_values = torch.zeros((rows, 3))
-    with pytest.raises(ValueError, match="counted"):
-        _merge.merge(indices.data_ptr(), values.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 1, 3, 12,
-                     out_indices.data_ptr(), out_values.data_ptr(), rows - 1,
+    with pytest.raises(ValueError, match="do not make the"):
+        _merge.merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), 2,
+                     indices.shape[1], 1, 3, 12, out_indices.data_ptr(), out_values.data_ptr(), rows - 1,
                      kernel_library.entry_point("float32"), kernel_abi.SUM)
     assert torch.equal(out_indices[0, -1], torch.tensor(0)) and not out_values[-1].any()  # nothing past rows-1
+
+
+@pytest.mark.parametrize("nnz", [[25, 31], [0, 9], [9, 0], [40, 40], [1, 1]])
+def test_two_parts_are_planned_as_any_number_is(nnz):
+    """Two parts of one sparse dimension take their own branch-free plan: the same steps as the general
+    plan makes for the same indices given a second, constant, dimension."""
+    parts = _parts(2, (40, 3), nnz, 1, seed=sum(nnz))
+    indices, _, counts = _gathered(parts)
+    two = torch.full((int(counts.sum()),), 1 << 30, dtype=torch.int32)
+    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 1, two.data_ptr())
+    widened = torch.cat([indices, torch.zeros_like(indices)], dim=2).contiguous()  # (row, 0): the same order
+    general = torch.full_like(two, 1 << 30)
+    assert _merge.plan(widened.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 2, general.data_ptr()) == rows
+    assert torch.equal(two, general)
+    assert rows == len(set(torch.cat([p._indices()[0] for p in parts]).tolist()))
+
+
+@pytest.mark.parametrize("bad", ["rank", "overrun", "add_first"])
+def test_merge_refuses_steps_that_do_not_fit_the_parts(bad):
+    parts = _parts(2, (40, 3), [25, 30], 1, seed=6)
+    indices, values, counts = _gathered(parts)
+    steps = torch.empty((int(counts.sum()),), dtype=torch.int32)
+    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 1, steps.data_ptr())
+    if bad == "rank":
+        steps[3] = 2  # no rank 2
+    elif bad == "overrun":
+        steps[:] = 0  # more rows of rank 0 than it has
+    else:
+        steps[0] = -1 - int(steps[0])  # an addition before any row
+    out_indices = torch.zeros((1, rows), dtype=torch.int64)
+    out_values = torch.zeros((rows, 3))
+    with pytest.raises(ValueError, match="do not make the"):
+        _merge.merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), 2,
+                     indices.shape[1], 1, 3, 12, out_indices.data_ptr(), out_values.data_ptr(), rows,
+                     kernel_library.entry_point("float32"), kernel_abi.SUM)
