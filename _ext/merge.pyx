@@ -167,15 +167,17 @@ def plan(uintptr_t indices, uintptr_t counts, int size, Py_ssize_t most, int dim
     ``r`` where rank r's next row starts a row of the sum, ``-1 - r`` where it is added
     to the row before.
     """
-    cdef Py_ssize_t *head = _heads(size)
+    cdef Py_ssize_t *head
     cdef Py_ssize_t rows
     cdef const int64_t *idx = <const int64_t *>indices
     cdef const int64_t *count = <const int64_t *>counts
-    with nogil:
-        if size == 2 and dims == 1:
+    if size == 2 and dims == 1:  # the two heads are _plan_two's locals
+        with nogil:
             rows = _plan_two(idx, count[0], idx + most, count[1], <int32_t *>steps)
-        else:
-            rows = _plan(idx, count, size, most, dims, <int32_t *>steps, head)
+        return rows
+    head = _heads(size)
+    with nogil:
+        rows = _plan(idx, count, size, most, dims, <int32_t *>steps, head)
     free(head)
     return rows
 
