@@ -267,6 +267,34 @@ def missing_rank(rank: Rank, kind: str, missing: int, timeout: float, numel: int
     dist.destroy_process_group()
 
 
+def ddp_missing_rank(rank: Rank, sparse: bool, missing: int, timeout: float):
+    """DDP trains two steps with everyone (the second rebuilds its buckets, with a broadcast in the
+    forward), then ``missing`` skips a step: the others' gradient all-reduce times out, and their
+    backward() must raise that error (DDP reads the all-reduce's future from C++; a future completed
+    with the exception as its value made it crash)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank.init(timeout=timeout)
+    model = DDP(torch.nn.EmbeddingBag(100, 4, sparse=sparse))
+    ids, offsets = torch.arange(8) * (rank.rank + 1), torch.tensor([0, 4])
+    for _ in range(2):
+        model(ids, offsets).sum().backward()
+    if rank.rank == missing:
+        deadline = time.monotonic() + timeout + 5
+        others = [os.path.join(rank.dir, f"rank{r}.json") for r in range(rank.world) if r != missing]
+        while time.monotonic() < deadline and not all(os.path.exists(p) for p in others):
+            time.sleep(0.05)
+    else:
+        start = time.monotonic()
+        try:
+            model(ids, offsets).sum().backward()
+            rank.report["returned_after"] = time.monotonic() - start
+        except Exception as error:
+            rank.report["error"] = error_record(error, start)
+    rank.save()
+    dist.destroy_process_group()
+
+
 # -- 3. leaks -----------------------------------------------------------------
 
 def churn(rank: Rank, iters: int = 20, timeout: float = 3, numels=(2, 70_000), victim: int | None = None,
@@ -583,7 +611,7 @@ def small_shm(rank: Rank, timeout: float = 60):
         rank.report["error"] = error_record(error, start)
 
 
-SCENARIOS = {fn.__name__: fn for fn in (dead_peer, missing_rank, churn, targeted_kill, normal_exit, user_exception,
+SCENARIOS = {fn.__name__: fn for fn in (dead_peer, missing_rank, ddp_missing_rank, churn, targeted_kill, normal_exit, user_exception,
                                         torchrun_rank, mismatch, bad_input, reinit, small_shm)}
 
 if __name__ == "__main__":

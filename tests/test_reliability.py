@@ -279,6 +279,24 @@ def test_missing_rank_times_out_with_a_clear_message(timeout_jobs, kind):
     assert job.leftovers() == []
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_a_failed_all_reduce_under_ddp_raises_from_backward(sparse):
+    """The error reaches DDP through the Work's future, which DDP reads from C++."""
+    job = Job("ddp_missing_rank", 3, args={"sparse": sparse, "missing": 2, "timeout": TIMEOUT_S})
+    job.finish(TIMEOUT_S + 30)
+    for r in (0, 1):
+        rep = job.report(r)
+        assert rep is not None, job.logs()
+        assert "error" in rep, f"rank {r}: backward returned after {rep.get('returned_after')} s without rank 2"
+        err = rep["error"]
+        assert "RuntimeError" in err["mro"], err
+        assert "Timed out" in err["message"] and "all_reduce" in err["message"], err["message"]
+        assert names_rank(err["message"], 2), err["message"]
+        assert TIMEOUT_S - 0.2 <= err["elapsed"] <= TIMEOUT_S + 2.0, err
+    assert all(job.exitcode(r) == 0 for r in range(3)), job.logs()
+    assert job.leftovers() == []
+
+
 # -- 3. nothing is left behind in /dev/shm ----------------------------------------
 
 def _phase(job: Job, rank: int) -> str:

@@ -62,8 +62,19 @@ class AsyncWork(dist.Work):
         self._describe = describe
         self._done = threading.Event()
         self._error: BaseException | None = None
-        self._future = torch.futures.Future()
+        # The future c10 sees is completed through then(): where the collective failed, the callback
+        # raises, and that completes the future with an *error* the way c10 futures carry one (value()
+        # rethrows it, in C++ too). Future.set_exception would complete it with the exception as its
+        # value, which C++ consumers take for the result: DDP's reducer read it as the reduced tensors
+        # and crashed (SIGSEGV in parseCppCommHookResult) where it should raise from backward().
+        self._completion = torch.futures.Future()
+        self._future = self._completion.then(self._outcome)
         self._source = -1
+
+    def _outcome(self, _completion):
+        if self._error is not None:
+            raise self._error
+        return self._result
 
     # -- called by the progress thread ----------------------------------------
 
@@ -72,10 +83,7 @@ class AsyncWork(dist.Work):
             self._source = source_rank
         self._error = error
         self._done.set()
-        if error is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(error)
+        self._completion.set_result(None)
 
     # -- torch.distributed.Work -------------------------------------------------
 
