@@ -11,6 +11,7 @@ cdef extern from "shmcoll_arch.h" nogil:
     uint32_t shmcoll_load_seq_cst_u32(const uint32_t *p)
     uint32_t shmcoll_fetch_add_u32(uint32_t *p, uint32_t v)
     uint32_t shmcoll_fetch_sub_u32(uint32_t *p, uint32_t v)
+    int shmcoll_compare_exchange_u32(uint32_t *p, uint32_t expected, uint32_t desired)
     int64_t shmcoll_now_ns()
     void shmcoll_futex_wait(uint32_t *addr, uint32_t expected, int64_t timeout_ns)
     void shmcoll_futex_wake_all(uint32_t *addr)

@@ -52,6 +52,10 @@ static inline uint32_t shmcoll_fetch_add_u32(uint32_t *p, uint32_t v) {
 static inline uint32_t shmcoll_fetch_sub_u32(uint32_t *p, uint32_t v) {
     return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST);
 }
+/* 1 and *p = desired where *p held expected, else 0 (and *p unchanged). */
+static inline int shmcoll_compare_exchange_u32(uint32_t *p, uint32_t expected, uint32_t desired) {
+    return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
 
 static inline int64_t shmcoll_now_ns(void) {
     struct timespec ts;

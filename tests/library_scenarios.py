@@ -7,6 +7,7 @@ position, so that a transposed or shifted layout cannot pass.
 """
 from __future__ import annotations
 
+import io
 import os
 import re
 import warnings
@@ -292,6 +293,12 @@ def sparse(cases):
             # A later call, other data: it must leave this result alone (none of shm's memory is the result's).
             dist.all_reduce(_sparse(rank, shape, nnz[rank], sparse_dim, dtype, i + 1000, coalesced, rounded))
             ours = ours.coalesce()
+            saved = io.BytesIO()  # the sum saves and loads as any sparse tensor (torch.save checks storages)
+            torch.save(ours, saved)
+            saved.seek(0)
+            loaded = torch.load(saved)
+            _same(loaded.indices(), ours.indices(), "indices saved and loaded")
+            _same(loaded.values(), ours.values(), "values saved and loaded")
             # The reference: each rank's part coalesced (torch's sum of its duplicates), then the parts
             # added in rank order, one rounding per addition (Gloo adds the gathered parts one by one),
             # read at the indices any rank has.
@@ -380,6 +387,41 @@ def sparse_ddp(cases):
             torch.testing.assert_close(ours, gloos, rtol=1e-5, atol=1e-6)
 
     cases.run("ddp_sparse_embeddings", same_weights)
+
+    def train_accumulating(group):
+        # What else a sparse gradient meets: accumulation (a no_sync backward, then a synced one adding
+        # to it in place), zero_grad clearing the summed gradient in place (set_to_none=False) or
+        # dropping it, SparseAdam reading it, and sums held across steps. shm's sums live in memory it
+        # takes back when torch frees them: no step may see another step's sum.
+        torch.manual_seed(0)
+        model = DDP(_Recommender(), process_group=group)
+        sparse_params = [model.module.bag.weight, model.module.emb.weight]
+        opts = [torch.optim.SparseAdam(sparse_params, lr=0.01),
+                torch.optim.SGD(model.module.mlp.parameters(), lr=0.05)]
+        g = torch.Generator().manual_seed(200 + rank)
+        held = []
+        for step in range(4):
+            for micro in range(2):
+                ids = torch.randint(0, 5000, (100,), generator=g)
+                item = torch.randint(0, 300, (10,), generator=g)
+                loss = (model(ids, torch.arange(0, 100, 10), item) - 1).pow(2).mean()
+                if micro == 0:
+                    with model.no_sync():
+                        loss.backward()
+                else:
+                    loss.backward()
+            held.append(model.module.emb.weight.grad)  # this step's sum, kept as it is
+            for opt in opts:
+                opt.step()
+            for opt in opts:
+                opt.zero_grad(set_to_none=step % 2 == 0)
+        return [p.detach().clone() for p in model.parameters()] + [h.coalesce().to_dense() for h in held]
+
+    def same_weights_accumulating():
+        for ours, gloos in zip(*_both(train_accumulating)):
+            torch.testing.assert_close(ours, gloos, rtol=1e-5, atol=1e-6)
+
+    cases.run("ddp_sparse_accumulate", same_weights_accumulating)
 
 
 # -- torch.compile -------------------------------------------------------------

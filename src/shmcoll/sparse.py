@@ -24,7 +24,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from shmcoll import _merge, kernel_abi, ops
+from shmcoll import _merge, _pool, kernel_abi, ops
 
 _MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
 _HEADER = 4 + _MAX_DIMS  # nnz, sparse dims, dense dims, dims, then the shape
@@ -42,20 +42,28 @@ class Buffers:
 
     A call needs three buffers about the size of the gradient (this rank's part,
     every rank's indices and values) and the merge's steps (4 bytes per gathered
-    row); the sum goes to new tensors that the caller keeps. New memory is slow
-    to fill the first time (page faults: on the 2-core VM, 4 MiB of new memory
-    took ~1 ms to fill, reused memory 0.07 ms), and a DDP step sends a gradient
-    of about the same size every step, so each buffer is kept and grown, never
-    shrunk. A buffer above ``KEEP_BYTES`` is dropped at the end of its call
-    (``trim``): a one-off huge tensor must not pin that much memory for the
-    group's life. The collectives of a group run one at a time (issue order), so
-    one set serves them all.
+    row). New memory is slow to fill the first time (page faults: on the 2-core
+    VM, 4 MiB of new memory took ~1 ms to fill, reused memory 0.07 ms), and a DDP
+    step sends a gradient of about the same size every step, so each buffer is
+    kept and grown, never shrunk. A buffer above ``KEEP_BYTES`` is dropped at the
+    end of its call (``trim``): a one-off huge tensor must not pin that much
+    memory for the group's life. The sum goes to memory that the caller keeps;
+    it comes from ``shmcoll._pool``, which takes it back when torch frees it (DDP
+    drops a step's gradient before the next step's sum), so it too is reused
+    rather than faulted in anew: at most ``KEEP_BYTES`` in all. The collectives of
+    a group run one at a time (issue order), so one set serves them all.
     """
 
     KEEP_BYTES = 64 << 20
 
     def __init__(self):
         self._kept: dict[str, torch.Tensor] = {}
+        self._results = _pool.Pool(self.KEEP_BYTES)
+
+    def result(self, nbytes: int) -> torch.Tensor:
+        """``nbytes`` of memory (uint8) for a result the caller keeps: the pool's while it has room, else new."""
+        lent = self._results.lend(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8) if lent is None else torch.from_dlpack(lent)
 
     def rows(self, name: str, count: int, row_shape: tuple, dtype: torch.dtype, keep: int = 0) -> torch.Tensor:
         """A [count, *row_shape] tensor of ``dtype`` in buffer ``name``; the first ``keep`` rows hold what they
@@ -97,12 +105,11 @@ def _allreduce(tensor: torch.Tensor, placement, rank: int, size: int, buffers: B
         buffers.rows("values", nnz, dense_shape, tensor.dtype).copy_(local._values())
     else:
         nnz = _coalesce_into(tensor, buffers, kernel)
-    header = torch.zeros(_HEADER, dtype=torch.int64)
-    header[:4] = torch.tensor([nnz, sparse_dim, len(dense_shape), tensor.dim()])
-    header[4:4 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-    headers = _gather(placement, header, torch.empty((size, _HEADER), dtype=torch.int64))
-    _check_agreement(headers, header, tensor, rank)
-    counts = headers[:, 0].tolist()
+    mine = [nnz, sparse_dim, len(dense_shape), tensor.dim(), *tensor.shape]
+    header = torch.tensor(mine + [0] * (_HEADER - len(mine)), dtype=torch.int64)
+    headers = _gather(placement, header, torch.empty((size, _HEADER), dtype=torch.int64)).tolist()
+    _check_agreement(headers, headers[rank], tensor, rank)
+    counts = [h[0] for h in headers]
     most = max(counts)
     # Padded to the largest part; the padding is never read, so it is left unset.
     indices = buffers.rows("indices", most, (sparse_dim,), torch.int64, keep=nnz)
@@ -142,11 +149,13 @@ def _coalesce_into(tensor: torch.Tensor, buffers: Buffers, kernel: int) -> int:
         indices.copy_(tensor._indices().t())
         values.copy_(tensor._values())
         return nnz
-    # torch's coalesce sorts the flattened indices with this very call (not a stable sort: equal
-    # indices come out in the order it leaves them, and their sum depends on it), then sums along it.
+    # torch's coalesce sorts the flattened indices with this very sort (not a stable one: equal indices
+    # come out in the order it leaves them, and their sum depends on it), then sums along it. The out=
+    # form runs the same kernel on a copy of the input, as the plain form does, into kept buffers.
     source_indices = tensor._indices().contiguous()
     source_values = tensor._values().contiguous()
-    keys, order = _flattened(source_indices, tensor.shape).sort(0)
+    keys, order = torch.sort(_flattened(source_indices, tensor.shape), 0, out=(
+        buffers.rows("keys", nnz, (), torch.int64), buffers.rows("order", nnz, (), torch.int64)))
     row_elems = math.prod(dense_shape)
     return _merge.coalesce(keys.data_ptr(), order.data_ptr(), nnz, source_indices.data_ptr(), sparse_dim,
                            source_values.data_ptr(), row_elems, row_elems * tensor.element_size(),
@@ -172,8 +181,11 @@ def _merged(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, s
     rows = torch.tensor(counts, dtype=torch.int64)
     steps = buffers.rows("steps", sum(counts), (), torch.int32)
     nnz = _merge.plan(all_indices.data_ptr(), rows.data_ptr(), size, most, sparse_dim, steps.data_ptr())
+    # The values (most of the bytes) in memory the pool takes back. Not the indices too: torch.save
+    # refuses tensors that view one storage as different dtypes, and the sum must save as Gloo's does.
     sum_indices = torch.empty((sparse_dim, nnz), dtype=torch.int64)
-    sum_values = torch.empty((nnz, *dense_shape), dtype=all_values.dtype)
+    sum_values = buffers.result(nnz * row_elems * all_values.element_size()).view(all_values.dtype)
+    sum_values = sum_values.view(nnz, *dense_shape)
     _merge.merge(steps.data_ptr(), steps.numel(), all_indices.data_ptr(), all_values.data_ptr(), rows.data_ptr(),
                  size, most, sparse_dim, row_elems, row_elems * all_values.element_size(), sum_indices.data_ptr(),
                  sum_values.data_ptr(), nnz, kernel, kernel_abi.SUM)
@@ -201,12 +213,12 @@ def _gather(placement, part: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     return whole
 
 
-def _check_agreement(headers: torch.Tensor, mine: torch.Tensor, local: torch.Tensor, rank: int) -> None:
+def _check_agreement(headers: list, mine: list, local: torch.Tensor, rank: int) -> None:
     """Every rank sees every header, so all raise the same error together, none waits."""
-    differ = [r for r in range(headers.shape[0]) if not torch.equal(headers[r, 1:], mine[1:])]
+    differ = [r for r, header in enumerate(headers) if header[1:] != mine[1:]]
     if differ:
         other = headers[differ[0]]
-        shape = tuple(other[4:4 + int(other[3])].tolist())
+        shape = tuple(other[4:4 + other[3]])
         raise ValueError(f"all_reduce of sparse tensors: rank {rank} has shape {tuple(local.shape)} with "
                          f"{local.sparse_dim()} sparse dimension(s) but rank(s) {', '.join(map(str, differ))} "
-                         f"differ (rank {differ[0]}: shape {shape}, {int(other[1])} sparse dimension(s))")
+                         f"differ (rank {differ[0]}: shape {shape}, {other[1]} sparse dimension(s))")
