@@ -36,7 +36,8 @@ def _gathered(parts):
 @pytest.mark.parametrize("world, shape, nnz, sparse_dim", [
     (1, (40, 3), [0], 1), (2, (40, 3), [25, 0], 1), (2, (40, 3), [0, 25], 1), (2, (40, 3), [25, 31], 1),
     (2, (6, 2), [30, 30], 1), (2, (1000, 2), [300, 1], 1), (3, (40, 3), [25, 31, 17], 1),
-    (3, (9, 7, 2), [20, 5, 33], 2), (4, (30, 20), [50, 1, 40, 60], 2),
+    (3, (9, 7, 2), [20, 5, 33], 2), (4, (30, 20), [50, 1, 40, 60], 2), (4, (40, 3), [25, 0, 31, 40], 1),
+    (16, (70, 2), [5 * r for r in range(16)], 1), (17, (70, 2), [4 + r for r in range(17)], 1),
 ])
 def test_merge_adds_the_parts_in_rank_order(world, shape, nnz, sparse_dim):
     parts = _parts(world, shape, nnz, sparse_dim, seed=world)
@@ -82,6 +83,26 @@ def test_two_parts_are_planned_as_any_number_is(nnz):
     general = torch.full_like(two, 1 << 30)
     assert _merge.plan(widened.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 2, general.data_ptr()) == rows
     assert torch.equal(two, general)
+    assert rows == len(set(torch.cat([p._indices()[0] for p in parts]).tolist()))
+
+
+@pytest.mark.parametrize("nnz", [[25, 31, 17], [0, 9, 0], [40, 40, 40, 40], [1, 0, 1, 0], [0, 0, 0],
+                                 [7 + 3 * r for r in range(16)], [30] * 5 + [0] + [2] * 10])
+def test_few_parts_are_planned_as_any_number_is(nnz):
+    """Up to 16 parts of one sparse dimension take their own branch-free plan: the same steps as the
+    general plan makes for the same indices given a second, constant, dimension, and nothing written
+    past the steps."""
+    world = len(nnz)
+    parts = _parts(world, (40, 3), nnz, 1, seed=sum(nnz) + world)
+    indices, _, counts = _gathered(parts)
+    total = int(counts.sum())
+    few = torch.full((total + 1,), 1 << 30, dtype=torch.int32)
+    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), world, indices.shape[1], 1, few.data_ptr())
+    widened = torch.cat([indices, torch.zeros_like(indices)], dim=2).contiguous()  # (row, 0): the same order
+    general = torch.full_like(few, 1 << 30)
+    assert _merge.plan(widened.data_ptr(), counts.data_ptr(), world, indices.shape[1], 2,
+                       general.data_ptr()) == rows
+    assert torch.equal(few, general) and few[total] == 1 << 30
     assert rows == len(set(torch.cat([p._indices()[0] for p in parts]).tolist()))
 
 
