@@ -250,16 +250,21 @@ def missing_rank(rank: Rank, kind: str, missing: int, timeout: float, numel: int
     for _ in range(warmup):
         dist.all_reduce(torch.ones(8))
     rank.report["sequence"] = warmup + 1
+    _miss_or_call(rank, missing, timeout + 2.5, lambda: _call(kind, numel, root=root))
+
+
+def _miss_or_call(rank: Rank, missing: int, stay_s: float, call) -> None:
+    """Rank ``missing`` stays alive (a dead rank would be reported as dead, not late) until the others
+    reported, or ``stay_s``; the others ``call()`` and report how it ended. Then all leave."""
     if rank.rank == missing:
-        # Stay alive (a dead rank would be reported as dead, not late) until the others reported.
-        deadline = time.monotonic() + timeout + 2.5
+        deadline = time.monotonic() + stay_s
         others = [os.path.join(rank.dir, f"rank{r}.json") for r in range(rank.world) if r != missing]
         while time.monotonic() < deadline and not all(os.path.exists(p) for p in others):
             time.sleep(0.05)
     else:
         start = time.monotonic()
         try:
-            _call(kind, numel, root=root)
+            call()
             rank.report["returned_after"] = time.monotonic() - start
         except Exception as error:
             rank.report["error"] = error_record(error, start)
@@ -279,20 +284,7 @@ def ddp_missing_rank(rank: Rank, sparse: bool, missing: int, timeout: float):
     ids, offsets = torch.arange(8) * (rank.rank + 1), torch.tensor([0, 4])
     for _ in range(2):
         model(ids, offsets).sum().backward()
-    if rank.rank == missing:
-        deadline = time.monotonic() + timeout + 5
-        others = [os.path.join(rank.dir, f"rank{r}.json") for r in range(rank.world) if r != missing]
-        while time.monotonic() < deadline and not all(os.path.exists(p) for p in others):
-            time.sleep(0.05)
-    else:
-        start = time.monotonic()
-        try:
-            model(ids, offsets).sum().backward()
-            rank.report["returned_after"] = time.monotonic() - start
-        except Exception as error:
-            rank.report["error"] = error_record(error, start)
-    rank.save()
-    dist.destroy_process_group()
+    _miss_or_call(rank, missing, timeout + 5, lambda: model(ids, offsets).sum().backward())
 
 
 # -- 3. leaks -----------------------------------------------------------------
