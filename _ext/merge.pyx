@@ -22,9 +22,11 @@ The merge is two passes. ``plan`` walks the indices alone, comparing them,
 and writes down the order: for every row of the parts, whether it starts a
 row of the sum or is added to the one before. That counts the rows of the sum,
 so its tensors are allocated at their exact size (they become the caller's
-tensor's own: no copy after the merge). ``merge`` then follows the steps
+tensor's own: no copy after the merge). ``Merge`` then follows the steps
 without comparing anything, so the comparisons' mispredicted branches (which
-part holds the smaller index is random) are paid in one pass, not two. Two
+part holds the smaller index is random) are paid in one pass, not two; it
+takes the value rows a window at a time, as the all-gather's steps bring them
+into shared memory (``merge`` is the one-window form, every row at hand). Two
 parts of one sparse dimension, the common case (2 ranks, an embedding), are
 planned without such a branch (``_plan_two``), and so are up to FEW_PARTS parts
 of one sparse dimension (``_plan_few``, 3 to 16 ranks). For two parts of ~7700
@@ -160,34 +162,143 @@ cdef Py_ssize_t _plan_few(const int64_t *idx, const int64_t *count, int size, Py
         o += 1
 
 
-cdef Py_ssize_t _follow(const int32_t *steps, Py_ssize_t total, const int64_t *idx, const char *val,
-                        const int64_t *count, int size, Py_ssize_t most, int dims, Py_ssize_t row_elems,
-                        Py_ssize_t row_bytes, int64_t *out_idx, char *out_val, Py_ssize_t nnz, kernel_t add,
-                        int64_t sum_op, Py_ssize_t *head) noexcept nogil:
-    """Write the sum along ``steps``; the rows written, or -1 where the steps do not fit the parts and
-    ``nnz`` (nothing is written out of bounds)."""
-    cdef Py_ssize_t s, o = -1, row
+ctypedef struct Follow:
+    const int32_t *steps
+    Py_ssize_t total
+    Py_ssize_t s  # the next step
+    Py_ssize_t o  # the row of the sum written last (-1: none yet)
+    const int64_t *idx  # the parts' indices, [size, most, dims]
+    const int64_t *count
+    int size
+    int dims
+    Py_ssize_t most
+    Py_ssize_t row_elems
+    Py_ssize_t row_bytes
+    int64_t *out_idx
+    char *out_val
+    Py_ssize_t nnz
+    char *stash  # [size, most] rows: the rows of a window that its steps had not reached yet
+    kernel_t add
+    int64_t sum_op
+    Py_ssize_t *head  # each part's next row
+    char *sum_row
+
+
+cdef int _follow(Follow *f, Py_ssize_t first, Py_ssize_t end, const uintptr_t *window) noexcept nogil:
+    """Follow the steps as far as the rows they take have arrived: part r's rows [first, end) at
+    ``window[r]``, its earlier rows in the stash. 0 where it stopped at a row yet to come (or at the
+    end), -1 where the steps do not fit the parts and ``nnz`` (nothing is written out of bounds)."""
     cdef int32_t step
     cdef int r, d
-    cdef char *sum_row = NULL
-    for s in range(total):
-        step = steps[s]
+    cdef Py_ssize_t x
+    cdef const char *row
+    while f.s < f.total:
+        step = f.steps[f.s]
         r = step if step >= 0 else -1 - step
-        if r >= size or head[r] >= count[r] or (step < 0 and o < 0):
+        if r >= f.size or f.head[r] >= f.count[r] or (step < 0 and f.o < 0):
             return -1
-        row = r * most + head[r]
-        head[r] += 1
+        x = f.head[r]
+        if x >= end:
+            return 0
+        if x >= first:
+            row = <const char *>window[r] + (x - first) * f.row_bytes
+        else:
+            row = f.stash + (r * f.most + x) * f.row_bytes
+        f.head[r] = x + 1
+        f.s += 1
         if step >= 0:
-            o += 1
-            if o >= nnz:
+            f.o += 1
+            if f.o >= f.nnz:
                 return -1
-            for d in range(dims):
-                out_idx[d * nnz + o] = idx[row * dims + d]
-            sum_row = out_val + o * row_bytes
-            memcpy(sum_row, val + row * row_bytes, row_bytes)
-        elif row_elems > 0:
-            add(sum_row, sum_row, <void *>(val + row * row_bytes), 1, row_elems, row_elems, sum_op, 1.0)
-    return o + 1
+            for d in range(f.dims):
+                f.out_idx[d * f.nnz + f.o] = f.idx[(r * f.most + x) * f.dims + d]
+            f.sum_row = f.out_val + f.o * f.row_bytes
+            memcpy(f.sum_row, row, f.row_bytes)
+        elif f.row_elems > 0:
+            f.add(f.sum_row, f.sum_row, <void *>row, 1, f.row_elems, f.row_elems, f.sum_op, 1.0)
+    return 0
+
+
+cdef void _stash(Follow *f, Py_ssize_t first, Py_ssize_t end, const uintptr_t *window) noexcept nogil:
+    """Keep the rows of a window that the steps have not taken yet: the window is about to go."""
+    cdef int r
+    cdef Py_ssize_t lo, hi
+    for r in range(f.size):
+        lo = f.head[r] if f.head[r] > first else first
+        hi = end if end < f.count[r] else f.count[r]
+        if hi > lo:
+            memcpy(f.stash + (r * f.most + lo) * f.row_bytes, <const char *>window[r] + (lo - first) * f.row_bytes,
+                   (hi - lo) * f.row_bytes)
+
+
+cdef class Merge:
+    """``plan``'s steps followed as the parts' value rows arrive, one window of rows at a time (the
+    all-gather's steps through shared memory), into the sum: ``window`` as each arrives, ``finish``.
+
+    Part r's rows of a window are read where they arrived, in place; the few that the steps do not
+    reach within the window (their turn comes after rows of other parts that arrive later) are copied
+    to the stash before the window goes. So the parts need not be copied out of shared memory first.
+    The additions are the steps', in their order: the sum does not depend on the windows.
+    """
+
+    cdef Follow f
+    cdef uintptr_t *arrived  # this window's address of each part
+
+    def __cinit__(self, uintptr_t steps, Py_ssize_t total, uintptr_t indices, uintptr_t counts, int size,
+                  Py_ssize_t most, int dims, Py_ssize_t row_elems, Py_ssize_t row_bytes, uintptr_t out_indices,
+                  uintptr_t out_values, Py_ssize_t nnz, uintptr_t kernel, int64_t sum_op, uintptr_t stash):
+        if nnz < 0:
+            raise ValueError(f"sparse all_reduce: a sum of {nnz} rows")
+        self.f.head = _heads(size)
+        self.arrived = <uintptr_t *>calloc(size if size > 0 else 1, sizeof(uintptr_t))
+        if self.arrived == NULL:
+            raise MemoryError("sparse all_reduce: no memory for the merge's windows")
+        self.f.steps = <const int32_t *>steps
+        self.f.total = total
+        self.f.s = 0
+        self.f.o = -1
+        self.f.idx = <const int64_t *>indices
+        self.f.count = <const int64_t *>counts
+        self.f.size = size
+        self.f.dims = dims
+        self.f.most = most
+        self.f.row_elems = row_elems
+        self.f.row_bytes = row_bytes
+        self.f.out_idx = <int64_t *>out_indices
+        self.f.out_val = <char *>out_values
+        self.f.nnz = nnz
+        self.f.stash = <char *>stash
+        self.f.add = <kernel_t>kernel
+        self.f.sum_op = sum_op
+        self.f.sum_row = NULL
+
+    def __dealloc__(self):
+        free(self.f.head)
+        free(self.arrived)
+
+    def window(self, Py_ssize_t first, Py_ssize_t end, addresses):
+        """Rows [first, end) of every part have arrived, part r's at ``addresses[r]``, readable until this
+        returns. Windows come in order, each starting where the one before ended."""
+        cdef int r, failed
+        for r in range(self.f.size):
+            self.arrived[r] = addresses[r]
+        with nogil:
+            failed = _follow(&self.f, first, end, self.arrived)
+            if not failed:
+                _stash(&self.f, first, end, self.arrived)
+        if failed:
+            self._refuse()
+
+    def finish(self):
+        """The rows of the sum, once every window came; raises where the steps were not all followed."""
+        if self.f.s != self.f.total or self.f.o + 1 != self.f.nnz:
+            self._refuse()
+        return self.f.nnz
+
+    def _refuse(self):
+        # Cannot happen: the steps are plan's for these parts, unchanged since.
+        raise ValueError(f"sparse all_reduce: the merge's {self.f.total} steps do not make the {self.f.nnz} "
+                         f"rows planned from {self.f.size} parts")
 
 
 cdef Py_ssize_t *_heads(int size) except NULL:
@@ -228,27 +339,18 @@ def plan(uintptr_t indices, uintptr_t counts, int size, Py_ssize_t most, int dim
 def merge(uintptr_t steps, Py_ssize_t total, uintptr_t indices, uintptr_t values, uintptr_t counts, int size,
           Py_ssize_t most, int dims, Py_ssize_t row_elems, Py_ssize_t row_bytes, uintptr_t out_indices,
           uintptr_t out_values, Py_ssize_t nnz, uintptr_t kernel, int64_t sum_op):
-    """Sum the parts into ``nnz`` rows along ``plan``'s ``total`` steps (``plan``'s return: ``nnz``).
+    """Sum the parts into ``nnz`` rows along ``plan``'s ``total`` steps (``plan``'s return: ``nnz``),
+    every part's values at hand: ``Merge`` with one window.
 
     ``indices``, ``counts``: ``plan``'s; ``values``: [size, most] rows of ``row_bytes``
     bytes (``row_elems`` elements). Writes the indices as int64 [dims, nnz] (column o is
     the o-th row of the sum: the layout of a sparse tensor's indices) and the values as
     [nnz] rows.
     """
-    cdef Py_ssize_t *head
-    cdef Py_ssize_t rows
-    if nnz < 0:
-        raise ValueError(f"sparse all_reduce: a sum of {nnz} rows")
-    head = _heads(size)  # after the check: a raise must not leave it allocated
-    with nogil:
-        rows = _follow(<const int32_t *>steps, total, <const int64_t *>indices, <const char *>values,
-                       <const int64_t *>counts, size, most, dims, row_elems, row_bytes, <int64_t *>out_indices,
-                       <char *>out_values, nnz, <kernel_t>kernel, sum_op, head)
-    free(head)
-    if rows != nnz:  # cannot happen: the steps are plan's for these parts, unchanged since
-        raise ValueError(f"sparse all_reduce: the merge's {total} steps do not make the {nnz} rows planned "
-                         f"from {size} parts")
-    return rows
+    whole = Merge(steps, total, indices, counts, size, most, dims, row_elems, row_bytes, out_indices, out_values,
+                  nnz, kernel, sum_op, 0)
+    whole.window(0, most, [values + r * most * row_bytes for r in range(size)])
+    return whole.finish()
 
 
 def coalesce(uintptr_t sorted_keys, uintptr_t permutation, Py_ssize_t nnz, uintptr_t indices, int dims,

@@ -283,6 +283,7 @@ def sparse(cases):
         ((64, 5), [300 + 7 * r for r in range(world)], 1, torch.float16, False, True),
         ((9, 7, 3), [40 + r for r in range(world)], 2, torch.float64, False, True),
         ((64, 0), [20] * world, 1, torch.float32, True, True),  # rows of no elements
+        ((30, 1100), [12 + r for r in range(world)], 1, torch.float32, False, True),  # a row above a 4K slot
     ]
     for i, (shape, nnz, sparse_dim, dtype, coalesced, rounded) in enumerate(specs):
         def check(i=i, shape=shape, nnz=nnz, sparse_dim=sparse_dim, dtype=dtype, coalesced=coalesced,

@@ -115,16 +115,15 @@ def _allreduce(tensor: torch.Tensor, placement, rank: int, size: int, buffers: B
     indices = buffers.rows("indices", most, (sparse_dim,), torch.int64, keep=nnz)
     values = buffers.rows("values", most, dense_shape, tensor.dtype, keep=nnz)
     all_indices = _gather(placement, indices, buffers.rows("all_indices", size * most, (sparse_dim,), torch.int64))
-    all_values = _gather(placement, values, buffers.rows("all_values", size * most, dense_shape, tensor.dtype))
     all_indices = all_indices.view(size, most, sparse_dim)
-    all_values = all_values.view(size, most, *dense_shape)
     if kernel is None:
-        tensor.copy_(_added(all_indices, all_values, counts, tensor.shape))
+        all_values = _gather(placement, values, buffers.rows("all_values", size * most, dense_shape, tensor.dtype))
+        tensor.copy_(_added(all_indices, all_values.view(size, most, *dense_shape), counts, tensor.shape))
         return
     # The sum is written into new tensors of its exact size that become the tensor's own indices and values:
     # what tensor.copy_(sum) leaves, without copying the sum once more. As copy_ does, this replaces the
     # tensor's indices and values (tensors taken from it before keep the old ones) and bumps its version.
-    tensor.data = _merged(all_indices, all_values, counts, tensor.shape, kernel, buffers)
+    tensor.data = _merged(placement, all_indices, values, counts, tensor.shape, kernel, buffers)
     torch.autograd.graph.increment_version(tensor)
 
 
@@ -172,23 +171,31 @@ def _flattened(indices: torch.Tensor, shape) -> torch.Tensor:
     return (indices * torch.tensor(strides, dtype=torch.int64)[:, None]).sum(0)
 
 
-def _merged(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, shape, kernel: int,
+def _merged(placement, all_indices: torch.Tensor, values: torch.Tensor, counts: list, shape, kernel: int,
             buffers: Buffers) -> torch.Tensor:
-    """The coalesced sum of the gathered parts, in new tensors: ``shmcoll._merge``'s plan, then its merge."""
+    """The coalesced sum of the parts, in new tensors: ``shmcoll._merge``'s plan over the gathered indices,
+    then its merge, fed every rank's ``values`` as the all-gather brings them (``allgather_windows``:
+    read in place in shared memory, a slot at a time, on one node)."""
     size, most, sparse_dim = all_indices.shape
-    dense_shape = tuple(all_values.shape[2:])
+    dense_shape = tuple(values.shape[1:])
     row_elems = math.prod(dense_shape)
+    row_bytes = row_elems * values.element_size()
     rows = torch.tensor(counts, dtype=torch.int64)
     steps = buffers.rows("steps", sum(counts), (), torch.int32)
     nnz = _merge.plan(all_indices.data_ptr(), rows.data_ptr(), size, most, sparse_dim, steps.data_ptr())
-    # The values (most of the bytes) in memory the pool takes back. Not the indices too: torch.save
-    # refuses tensors that view one storage as different dtypes, and the sum must save as Gloo's does.
     sum_indices = torch.empty((sparse_dim, nnz), dtype=torch.int64)
-    sum_values = buffers.result(nnz * row_elems * all_values.element_size()).view(all_values.dtype)
-    sum_values = sum_values.view(nnz, *dense_shape)
-    _merge.merge(steps.data_ptr(), steps.numel(), all_indices.data_ptr(), all_values.data_ptr(), rows.data_ptr(),
-                 size, most, sparse_dim, row_elems, row_elems * all_values.element_size(), sum_indices.data_ptr(),
-                 sum_values.data_ptr(), nnz, kernel, kernel_abi.SUM)
+    sum_values = buffers.result(nnz * row_bytes).view(values.dtype).view(nnz, *dense_shape)
+    # The rows a window's steps do not reach before it goes wait here, at their place among all parts' rows.
+    stash = buffers.rows("all_values", size * most, dense_shape, values.dtype)
+    merge = _merge.Merge(steps.data_ptr(), steps.numel(), all_indices.data_ptr(), rows.data_ptr(), size, most,
+                         sparse_dim, row_elems, row_bytes, sum_indices.data_ptr(), sum_values.data_ptr(), nnz, kernel,
+                         kernel_abi.SUM, stash.data_ptr())
+    if most * row_bytes == 0:  # no value bytes to gather (on every rank: they agreed on most and the shape)
+        merge.window(0, most, [0] * size)
+    else:
+        placement.allgather_windows(values, row_bytes, lambda start, n, at: merge.window(
+            start // row_bytes, (start + n) // row_bytes, at), _movement(values))
+    merge.finish()
     return torch.sparse_coo_tensor(sum_indices, sum_values, shape, is_coalesced=True, check_invariants=False)
 
 
@@ -207,10 +214,15 @@ def _added(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, sh
 
 def _gather(placement, part: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     """Every rank's ``part`` into ``whole``, in rank order (one all-gather of the placement)."""
+    placement.allgather_into(whole, part, _movement(part))
+    return whole
+
+
+def _movement(part: torch.Tensor) -> int:
+    """The descriptor of an all-gather of ``part`` (as elements of its dtype, or bytes)."""
     code = ops.movement_code(part.dtype)
     count = part.numel() if code else part.numel() * part.element_size()
-    placement.allgather_into(whole, part, ops.descriptor(ops.ALLGATHER, count, code))
-    return whole
+    return ops.descriptor(ops.ALLGATHER, count, code)
 
 
 def _check_agreement(headers: list, mine: list, local: torch.Tensor, rank: int) -> None:

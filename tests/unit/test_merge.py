@@ -21,6 +21,14 @@ def _parts(world: int, shape, nnz, sparse_dim: int, seed: int) -> list:
     return parts
 
 
+def _added_in_rank_order(parts):
+    """Gloo's additions: one rounding each, in rank order."""
+    expected = parts[0]
+    for part in parts[1:]:
+        expected = (expected + part).coalesce()
+    return expected
+
+
 def _gathered(parts):
     """The all-gathers' layout: [size, most, dims] indices and [size, most, ...] values, padded."""
     most = max(p._nnz() for p in parts)
@@ -50,9 +58,7 @@ def test_merge_adds_the_parts_in_rank_order(world, shape, nnz, sparse_dim):
     _merge.merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), world,
                  most, sparse_dim, row_elems, row_elems * 4, out_indices.data_ptr(), out_values.data_ptr(), rows,
                  kernel_library.entry_point("float32"), kernel_abi.SUM)
-    expected = parts[0]
-    for part in parts[1:]:
-        expected = (expected + part).coalesce()  # Gloo's additions: one rounding each, in rank order
+    expected = _added_in_rank_order(parts)
     assert torch.equal(out_indices, expected._indices())
     assert torch.equal(out_values, expected._values())
 
@@ -104,6 +110,59 @@ def test_few_parts_are_planned_as_any_number_is(nnz):
                        general.data_ptr()) == rows
     assert torch.equal(few, general) and few[total] == 1 << 30
     assert rows == len(set(torch.cat([p._indices()[0] for p in parts]).tolist()))
+
+
+@pytest.mark.parametrize("world, nnz, window, skewed", [
+    (2, [25, 31], 4, False), (2, [25, 31], 1, False), (2, [25, 31], 7, True), (2, [0, 20], 3, False),
+    (3, [25, 31, 17], 5, False), (3, [25, 31, 17], 2, True), (4, [40, 40, 40, 40], 40, False),
+    (4, [9, 1, 30, 0], 6, True),
+])
+def test_windows_give_the_sum_of_every_row_at_hand(world, nnz, window, skewed):
+    """Value rows that arrive a window at a time, each window in memory that is gone once the merge has
+    seen it (as a slot of the all-gather is): the same sum as with every row at hand. Skewed: part r's
+    indices all above part r-1's, so the steps take every row of part 0 before any of part 1, and nearly
+    every row waits in the stash."""
+    parts = _parts(world, (40, 3), nnz, 1, seed=sum(nnz) + window)
+    if skewed:
+        parts = [torch.sparse_coo_tensor(p._indices() + 40 * r, p._values(), (40 * world, 3),
+                                         check_invariants=True).coalesce()
+                 for r, p in enumerate(parts)]
+    indices, values, counts = _gathered(parts)
+    most = indices.shape[1]
+    steps = torch.empty((int(counts.sum()),), dtype=torch.int32)
+    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), world, most, 1, steps.data_ptr())
+    kernel = kernel_library.entry_point("float32")
+    whole = (torch.empty((1, rows), dtype=torch.int64), torch.empty((rows, 3)))
+    _merge.merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), world,
+                 most, 1, 3, 12, whole[0].data_ptr(), whole[1].data_ptr(), rows, kernel, kernel_abi.SUM)
+    windowed = (torch.empty((1, rows), dtype=torch.int64), torch.empty((rows, 3)))
+    stash = torch.full_like(values, float("nan"))
+    merge = _merge.Merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), counts.data_ptr(), world, most, 1, 3,
+                         12, windowed[0].data_ptr(), windowed[1].data_ptr(), rows, kernel, kernel_abi.SUM,
+                         stash.data_ptr())
+    for first in range(0, most, window):
+        end = min(first + window, most)
+        arrived = [values[r, first:end].clone() for r in range(world)]
+        merge.window(first, end, [a.data_ptr() for a in arrived])
+        for a in arrived:
+            a.fill_(float("nan"))  # the slot is reused: nothing may be read from it later
+    assert merge.finish() == rows
+    assert torch.equal(windowed[0], whole[0]) and torch.equal(windowed[1], whole[1])
+    assert torch.equal(whole[1], _added_in_rank_order(parts)._values())
+
+
+def test_a_merge_missing_windows_is_refused():
+    parts = _parts(2, (40, 3), [25, 30], 1, seed=8)
+    indices, values, counts = _gathered(parts)
+    steps = torch.empty((int(counts.sum()),), dtype=torch.int32)
+    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 1, steps.data_ptr())
+    out = (torch.empty((1, rows), dtype=torch.int64), torch.empty((rows, 3)))
+    merge = _merge.Merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), counts.data_ptr(), 2,
+                         indices.shape[1], 1, 3, 12, out[0].data_ptr(), out[1].data_ptr(), rows,
+                         kernel_library.entry_point("float32"), kernel_abi.SUM, torch.empty_like(values).data_ptr())
+    merge.window(0, 10, [values[r, :10].data_ptr() for r in range(2)])
+    with pytest.raises(ValueError, match="do not make the"):
+        merge.finish()
 
 
 @pytest.mark.parametrize("bad", ["rank", "overrun", "add_first"])

@@ -18,6 +18,10 @@ Each offers the same methods, with the same arguments::
   barrier(desc)                               send(tensor, dst, tag) -> Work;  recv(tensor, src | None, tag) -> Work
   set_background(on)      abort(why): waits in progress raise within a slice      close()      summary() -> lines
   one_shot_bytes: all-reduces up to this size may call one_shot(tensor, count, red, desc) (0: no such path)
+  allgather_windows(input, unit, consume, desc): the all-gather of ``input`` handed to
+      consume(start, n, addresses) window by window, each window a multiple of ``unit`` bytes of every
+      rank's input (rank r's bytes [start, start + n) at addresses[r], readable until consume returns):
+      in place in the arena's slots on one node, else one window gathered into private memory
 
 ``red`` is an ``ops.Reduction``; ``desc`` the collective's descriptor (``ops.descriptor``),
 which shared-memory steps carry so that ranks in different collectives are caught.

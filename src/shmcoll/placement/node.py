@@ -11,6 +11,7 @@ import torch
 from shmcoll import ops
 from shmcoll.algorithms import allgather, allreduce, alltoall, barrier, broadcast, gather, reduce_scatter, scatter
 from shmcoll.p2p import PointToPoint, Recv, Send
+from shmcoll.placement.whole import allgather_whole
 from shmcoll.staging import staged, staged_empty, unstage
 
 
@@ -129,6 +130,16 @@ class OneNode(OnArena):
         self.lanes.run(desc, nbytes, 1, lambda steps, lo, hi: allgather.allgather_strided(
             steps, addr + lo, hi - lo, out + lo, nbytes, desc))
         unstage(output, target)
+
+    def allgather_windows(self, input: torch.Tensor, unit: int, consume, desc: int) -> None:
+        nbytes = _nbytes(input)
+        if nbytes == 0:
+            return barrier.barrier(self.arena, desc)
+        window = self.arena.chunk_bytes // unit * unit
+        if window == 0:  # a unit larger than a slot
+            return allgather_whole(self, self.arena.local_size, input, consume, desc)
+        source = input.contiguous()
+        allgather.allgather_windows(self.arena, source.data_ptr(), nbytes, window, consume, desc)
 
     def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int, desc: int) -> None:
         nbytes = _nbytes(input)

@@ -31,6 +31,7 @@ from shmcoll.algorithms import reduce_scatter as _reduce_scatter
 from shmcoll.errors import InterNodeError, ShmcollError
 from shmcoll.placement.flat import Flat, finish_average, gloo_op
 from shmcoll.placement.node import OnArena
+from shmcoll.placement.whole import allgather_whole
 from shmcoll.staging import staged, staged_empty, unstage
 
 
@@ -283,6 +284,9 @@ class Nodes(OnArena):
         for n, ranks in enumerate(self.nodes):
             out[torch.tensor(ranks)] = blocks[n]
         unstage(output, target)
+
+    def allgather_windows(self, input: torch.Tensor, unit: int, consume, desc: int) -> None:
+        allgather_whole(self, self.size, input, consume, desc)
 
     @_gives_up_on_failure
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
