@@ -12,10 +12,11 @@ summed. The table is never densified: what moves is every rank's (indices,
 values), padded to the largest nnz.
 
 Three all-gathers: a fixed-size header (nnz, dims, shape) that every rank
-checks against its own, then the indices, then the values. Every rank then
-sums the parts in one merge pass (``shmcoll._merge``) that makes those
-additions in that order; the dtypes without a reduction kernel run Gloo's own
-additions.
+checks against its own, then the indices, then the values. Every rank plans
+the merge over the gathered indices, then sums the parts in one pass
+(``shmcoll._merge``) that makes those additions in that order, reading each
+window of the values' all-gather where it lies in shared memory; the dtypes
+without a reduction kernel run Gloo's own additions.
 """
 from __future__ import annotations
 
@@ -40,9 +41,10 @@ def check_op(redop) -> None:
 class Buffers:
     """The memory a group's sparse all_reduces reuse from call to call.
 
-    A call needs three buffers about the size of the gradient (this rank's part,
-    every rank's indices and values) and the merge's steps (4 bytes per gathered
-    row). New memory is slow to fill the first time (page faults: on the 2-core
+    A call needs buffers about the size of the gradient (this rank's part and
+    torch's sort of it, every rank's indices, the stash where the merge keeps
+    value rows it cannot take yet, at their place among every rank's) and the
+    merge's steps (4 bytes per gathered row). New memory is slow to fill the first time (page faults: on the 2-core
     VM, 4 MiB of new memory took ~1 ms to fill, reused memory 0.07 ms), and a DDP
     step sends a gradient of about the same size every step, so each buffer is
     kept and grown, never shrunk. A buffer above ``KEEP_BYTES`` is dropped at the
