@@ -287,6 +287,34 @@ def ddp_missing_rank(rank: Rank, sparse: bool, missing: int, timeout: float):
     _miss_or_call(rank, missing, timeout + 5, lambda: model(ids, offsets).sum().backward())
 
 
+def window_consumer_fails(rank: Rank, failing: int, timeout: float):
+    """An all-gather whose windows a consumer reads in shared memory (what the sparse all_reduce's merge
+    does), and the consumer of rank ``failing`` raises at the second window: an error of that rank alone,
+    so it must give up on the arena at once, and the others raise within a slice or two instead of at
+    the timeout."""
+    from shmcoll import backend, ops
+
+    rank.init(timeout=timeout)
+    placement = backend.of_group()._placement
+    data = torch.full((3 * 4096,), rank.rank, dtype=torch.uint8)  # three windows of 4 KiB chunks
+
+    def consume(start, n, addresses):
+        if rank.rank == failing and start > 0:
+            raise ValueError("the consumer failed")
+
+    start = time.monotonic()
+    try:
+        placement.allgather_windows(data, 64, consume, ops.descriptor(ops.ALLGATHER, data.numel(), 0))
+        rank.report["returned_after"] = time.monotonic() - start
+    except Exception as error:
+        rank.report["error"] = error_record(error, start)
+    if rank.rank == failing:  # alive (a dead rank is caught another way) until the others reported
+        _miss_or_call(rank, failing, 10, None)
+    else:
+        rank.save()
+        dist.destroy_process_group()
+
+
 # -- 3. leaks -----------------------------------------------------------------
 
 def churn(rank: Rank, iters: int = 20, timeout: float = 3, numels=(2, 70_000), victim: int | None = None,
@@ -603,7 +631,7 @@ def small_shm(rank: Rank, timeout: float = 60):
         rank.report["error"] = error_record(error, start)
 
 
-SCENARIOS = {fn.__name__: fn for fn in (dead_peer, missing_rank, ddp_missing_rank, churn, targeted_kill, normal_exit, user_exception,
+SCENARIOS = {fn.__name__: fn for fn in (dead_peer, missing_rank, ddp_missing_rank, window_consumer_fails, churn, targeted_kill, normal_exit, user_exception,
                                         torchrun_rank, mismatch, bad_input, reinit, small_shm)}
 
 if __name__ == "__main__":

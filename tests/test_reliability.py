@@ -297,6 +297,20 @@ def test_a_failed_all_reduce_under_ddp_raises_from_backward(sparse):
     assert job.leftovers() == []
 
 
+def test_a_window_consumer_failing_on_one_rank_fails_the_others_quickly():
+    job = Job("window_consumer_fails", 3, args={"failing": 1, "timeout": 30},
+              env={"SHMCOLL_CHUNK_BYTES": "4096"})
+    job.finish(60)
+    failed = job.report(1)
+    assert failed is not None and "the consumer failed" in failed["error"]["message"], job.logs()
+    for r in (0, 2):
+        err = job.report(r)["error"]
+        assert err["type"] == "InterNodeError" and "rank 1 gave up" in err["message"], err
+        assert err["elapsed"] < 2.0, err  # a slice or two, not the 30 s timeout
+    assert all(job.exitcode(r) == 0 for r in range(3)), job.logs()
+    assert job.leftovers() == []
+
+
 # -- 3. nothing is left behind in /dev/shm ----------------------------------------
 
 def _phase(job: Job, rank: int) -> str:
