@@ -284,18 +284,18 @@ class Collectives:
     def broadcast(self, tensors, opts=None):
         tensor = checks.one_tensor(tensors, "broadcast")
         root = checks.root(opts.rootRank if opts is not None else 0, self._size, "broadcast")
-        desc = ops.descriptor(ops.BROADCAST, *_movement(tensor), 0, root)
+        desc = ops.descriptor(ops.BROADCAST, *ops.movement(tensor), 0, root)
         return self._launch(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor], opts)
 
     def allgather(self, output_lists, input_tensors, opts=None):
         tensor = checks.one_tensor(input_tensors, "all_gather")
         outputs = checks.one_list_like(output_lists, self._size, tensor, "all_gather output")
-        desc = ops.descriptor(ops.ALLGATHER, *_movement(tensor))
+        desc = ops.descriptor(ops.ALLGATHER, *ops.movement(tensor))
         return self._launch(desc, lambda: self._placement.allgather(outputs, tensor, desc), output_lists, opts)
 
     def all_gather_single(self, output, input, opts=None):
         checks.gathered(output, input, self._size, "all_gather_into_tensor", "output", "input")
-        desc = ops.descriptor(ops.ALLGATHER, *_movement(input))
+        desc = ops.descriptor(ops.ALLGATHER, *ops.movement(input))
         return self._launch(desc, lambda: self._placement.allgather_into(output, input, desc), [output], opts)
 
     _allgather_base = all_gather_single
@@ -312,7 +312,7 @@ class Collectives:
             for i, (output, tensor) in enumerate(zip(outputs, input_list)):
                 checks.like([output], tensor, f"all_gather_coalesced output_lists[{r}][{i}]")
         gathers = [([outputs[i] for outputs in output_lists], tensor,
-                    ops.descriptor(ops.ALLGATHER, *_movement(tensor))) for i, tensor in enumerate(input_list)]
+                    ops.descriptor(ops.ALLGATHER, *ops.movement(tensor))) for i, tensor in enumerate(input_list)]
         return self._launch_each(gathers, self._placement.allgather, output_lists, opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -320,7 +320,7 @@ class Collectives:
         gathers = []
         for output, input in zip(outputs, inputs):
             checks.gathered(output, input, self._size, "all_gather_into_tensor_coalesced", "output", "input")
-            gathers.append((output, input, ops.descriptor(ops.ALLGATHER, *_movement(input))))
+            gathers.append((output, input, ops.descriptor(ops.ALLGATHER, *ops.movement(input))))
         return self._launch_each(gathers, self._placement.allgather_into, list(outputs), opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -328,13 +328,13 @@ class Collectives:
     def gather(self, output_lists, input_tensors, opts=None):
         tensor = checks.one_tensor(input_tensors, "gather")
         root, outputs = checks.rooted(opts, output_lists, tensor, self._size, self._rank, "gather", "output")
-        desc = ops.descriptor(ops.GATHER, *_movement(tensor), 0, root)
+        desc = ops.descriptor(ops.GATHER, *ops.movement(tensor), 0, root)
         return self._launch(desc, lambda: self._placement.gather(outputs, tensor, root, desc), output_lists, opts)
 
     def scatter(self, output_tensors, input_lists, opts=None):
         output = checks.one_tensor(output_tensors, "scatter output")
         root, inputs = checks.rooted(opts, input_lists, output, self._size, self._rank, "scatter", "input")
-        desc = ops.descriptor(ops.SCATTER, *_movement(output), 0, root)
+        desc = ops.descriptor(ops.SCATTER, *ops.movement(output), 0, root)
         return self._launch(desc, lambda: self._placement.scatter(output, inputs, root, desc), [output], opts)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -432,12 +432,6 @@ def _until(condition, deadline: float | None) -> bool:
             return False
         time.sleep(0.001)
     return True
-
-
-def _movement(tensor) -> tuple[int, int]:
-    """(count, dtype code) of a data-movement descriptor: elements of a named dtype, else bytes."""
-    code = ops.movement_code(tensor.dtype)
-    return (tensor.numel(), code) if code else (tensor.numel() * tensor.element_size(), 0)
 
 
 

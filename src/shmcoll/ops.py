@@ -52,6 +52,12 @@ def movement_code(dtype: torch.dtype) -> int:
     return _MOVEMENT_CODES.get(dtype, 0)
 
 
+def movement(tensor: torch.Tensor) -> tuple[int, int]:
+    """(count, dtype code) of a data-movement descriptor of ``tensor``: elements of a named dtype, else bytes."""
+    code = movement_code(tensor.dtype)
+    return (tensor.numel(), code) if code else (tensor.numel() * tensor.element_size(), 0)
+
+
 class Op(NamedTuple):
     name: str
     kernel: int  # shmcoll.kernel_abi op code

@@ -195,8 +195,9 @@ def _merged(placement, all_indices: torch.Tensor, values: torch.Tensor, counts: 
     if most * row_bytes == 0:  # no value bytes to gather (on every rank: they agreed on most and the shape)
         merge.window(0, most, [0] * size)
     else:
+        desc = ops.descriptor(ops.ALLGATHER, *ops.movement(values))
         placement.allgather_windows(values, row_bytes, lambda start, n, at: merge.window(
-            start // row_bytes, (start + n) // row_bytes, at), _movement(values))
+            start // row_bytes, (start + n) // row_bytes, at), desc)
     merge.finish()
     return torch.sparse_coo_tensor(sum_indices, sum_values, shape, is_coalesced=True, check_invariants=False)
 
@@ -216,15 +217,8 @@ def _added(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, sh
 
 def _gather(placement, part: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     """Every rank's ``part`` into ``whole``, in rank order (one all-gather of the placement)."""
-    placement.allgather_into(whole, part, _movement(part))
+    placement.allgather_into(whole, part, ops.descriptor(ops.ALLGATHER, *ops.movement(part)))
     return whole
-
-
-def _movement(part: torch.Tensor) -> int:
-    """The descriptor of an all-gather of ``part`` (as elements of its dtype, or bytes)."""
-    code = ops.movement_code(part.dtype)
-    count = part.numel() if code else part.numel() * part.element_size()
-    return ops.descriptor(ops.ALLGATHER, count, code)
 
 
 def _check_agreement(headers: list, mine: list, local: torch.Tensor, rank: int) -> None:
