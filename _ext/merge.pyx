@@ -26,7 +26,7 @@ tensor's own: no copy after the merge). ``Merge`` then follows the steps
 without comparing anything, so the comparisons' mispredicted branches (which
 part holds the smaller index is random) are paid in one pass, not two; it
 takes the value rows a window at a time, as the all-gather's steps bring them
-into shared memory (``merge`` is the one-window form, every row at hand). Two
+into shared memory (one window where every row is at hand). Two
 parts of one sparse dimension, the common case (2 ranks, an embedding), are
 planned without such a branch (``_plan_two``), and so are up to FEW_PARTS parts
 of one sparse dimension (``_plan_few``, 3 to 16 ranks). For two parts of ~7700
@@ -334,23 +334,6 @@ def plan(uintptr_t indices, uintptr_t counts, int size, Py_ssize_t most, int dim
         rows = _plan(idx, count, size, most, dims, <int32_t *>steps, head)
     free(head)
     return rows
-
-
-def merge(uintptr_t steps, Py_ssize_t total, uintptr_t indices, uintptr_t values, uintptr_t counts, int size,
-          Py_ssize_t most, int dims, Py_ssize_t row_elems, Py_ssize_t row_bytes, uintptr_t out_indices,
-          uintptr_t out_values, Py_ssize_t nnz, uintptr_t kernel, int64_t sum_op):
-    """Sum the parts into ``nnz`` rows along ``plan``'s ``total`` steps (``plan``'s return: ``nnz``),
-    every part's values at hand: ``Merge`` with one window.
-
-    ``indices``, ``counts``: ``plan``'s; ``values``: [size, most] rows of ``row_bytes``
-    bytes (``row_elems`` elements). Writes the indices as int64 [dims, nnz] (column o is
-    the o-th row of the sum: the layout of a sparse tensor's indices) and the values as
-    [nnz] rows.
-    """
-    whole = Merge(steps, total, indices, counts, size, most, dims, row_elems, row_bytes, out_indices, out_values,
-                  nnz, kernel, sum_op, 0)
-    whole.window(0, most, [values + r * most * row_bytes for r in range(size)])
-    return whole.finish()
 
 
 def coalesce(uintptr_t sorted_keys, uintptr_t permutation, Py_ssize_t nnz, uintptr_t indices, int dims,

@@ -44,16 +44,17 @@ class Buffers:
     A call needs buffers about the size of the gradient (this rank's part and
     torch's sort of it, every rank's indices, the stash where the merge keeps
     value rows it cannot take yet, at their place among every rank's) and the
-    merge's steps (4 bytes per gathered row). New memory is slow to fill the first time (page faults: on the 2-core
-    VM, 4 MiB of new memory took ~1 ms to fill, reused memory 0.07 ms), and a DDP
-    step sends a gradient of about the same size every step, so each buffer is
-    kept and grown, never shrunk. A buffer above ``KEEP_BYTES`` is dropped at the
-    end of its call (``trim``): a one-off huge tensor must not pin that much
-    memory for the group's life. The sum goes to memory that the caller keeps;
-    it comes from ``shmcoll._pool``, which takes it back when torch frees it (DDP
-    drops a step's gradient before the next step's sum), so it too is reused
-    rather than faulted in anew: at most ``KEEP_BYTES`` in all. The collectives of
-    a group run one at a time (issue order), so one set serves them all.
+    merge's steps (4 bytes per gathered row). New memory is slow to fill the
+    first time (page faults: on the 2-core VM, 4 MiB of new memory took ~1 ms to
+    fill, reused memory 0.07 ms), and a DDP step sends a gradient of about the
+    same size every step, so each buffer is kept and grown, never shrunk. A
+    buffer above ``KEEP_BYTES`` is dropped at the end of its call (``trim``): a
+    one-off huge tensor must not pin that much memory for the group's life. The
+    sum goes to memory that the caller keeps; it comes from ``shmcoll._pool``,
+    which takes it back when torch frees it (DDP drops a step's gradient before
+    the next step's sum), so it too is reused rather than faulted in anew: at
+    most ``KEEP_BYTES`` in all. The collectives of a group run one at a time
+    (issue order), so one set serves them all.
     """
 
     KEEP_BYTES = 64 << 20
@@ -110,7 +111,7 @@ def _allreduce(tensor: torch.Tensor, placement, rank: int, size: int, buffers: B
     mine = [nnz, sparse_dim, len(dense_shape), tensor.dim(), *tensor.shape]
     header = torch.tensor(mine + [0] * (_HEADER - len(mine)), dtype=torch.int64)
     headers = _gather(placement, header, torch.empty((size, _HEADER), dtype=torch.int64)).tolist()
-    _check_agreement(headers, headers[rank], tensor, rank)
+    _check_agreement(headers, tensor, rank)
     counts = [h[0] for h in headers]
     most = max(counts)
     # Padded to the largest part; the padding is never read, so it is left unset.
@@ -221,9 +222,9 @@ def _gather(placement, part: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     return whole
 
 
-def _check_agreement(headers: list, mine: list, local: torch.Tensor, rank: int) -> None:
+def _check_agreement(headers: list, local: torch.Tensor, rank: int) -> None:
     """Every rank sees every header, so all raise the same error together, none waits."""
-    differ = [r for r, header in enumerate(headers) if header[1:] != mine[1:]]
+    differ = [r for r, header in enumerate(headers) if header[1:] != headers[rank][1:]]
     if differ:
         other = headers[differ[0]]
         shape = tuple(other[4:4 + other[3]])

@@ -29,6 +29,15 @@ def _added_in_rank_order(parts):
     return expected
 
 
+def _merge_at_hand(steps, total, indices, values, counts, size, most, dims, row_elems, row_bytes, out_indices,
+                   out_values, nnz, kernel, sum_op):
+    """``_merge.Merge`` with every part's values at hand: one window of all ``most`` rows (no stash)."""
+    whole = _merge.Merge(steps, total, indices, counts, size, most, dims, row_elems, row_bytes, out_indices,
+                         out_values, nnz, kernel, sum_op, 0)
+    whole.window(0, most, [values + r * most * row_bytes for r in range(size)])
+    return whole.finish()
+
+
 def _gathered(parts):
     """The all-gathers' layout: [size, most, dims] indices and [size, most, ...] values, padded."""
     most = max(p._nnz() for p in parts)
@@ -55,9 +64,9 @@ def test_merge_adds_the_parts_in_rank_order(world, shape, nnz, sparse_dim):
     rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), world, most, sparse_dim, steps.data_ptr())
     out_indices = torch.empty((sparse_dim, rows), dtype=torch.int64)
     out_values = torch.empty((rows, *shape[sparse_dim:]))
-    _merge.merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), world,
-                 most, sparse_dim, row_elems, row_elems * 4, out_indices.data_ptr(), out_values.data_ptr(), rows,
-                 kernel_library.entry_point("float32"), kernel_abi.SUM)
+    _merge_at_hand(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), world,
+                   most, sparse_dim, row_elems, row_elems * 4, out_indices.data_ptr(), out_values.data_ptr(), rows,
+                   kernel_library.entry_point("float32"), kernel_abi.SUM)
     expected = _added_in_rank_order(parts)
     assert torch.equal(out_indices, expected._indices())
     assert torch.equal(out_values, expected._values())
@@ -71,9 +80,9 @@ def test_merge_stops_at_the_rows_it_was_given():
     out_indices = torch.zeros((1, rows), dtype=torch.int64)
     out_values = torch.zeros((rows, 3))
     with pytest.raises(ValueError, match="do not make the"):
-        _merge.merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), 2,
-                     indices.shape[1], 1, 3, 12, out_indices.data_ptr(), out_values.data_ptr(), rows - 1,
-                     kernel_library.entry_point("float32"), kernel_abi.SUM)
+        _merge_at_hand(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), 2,
+                       indices.shape[1], 1, 3, 12, out_indices.data_ptr(), out_values.data_ptr(), rows - 1,
+                       kernel_library.entry_point("float32"), kernel_abi.SUM)
     assert torch.equal(out_indices[0, -1], torch.tensor(0)) and not out_values[-1].any()  # nothing past rows-1
 
 
@@ -133,8 +142,8 @@ def test_windows_give_the_sum_of_every_row_at_hand(world, nnz, window, skewed):
     rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), world, most, 1, steps.data_ptr())
     kernel = kernel_library.entry_point("float32")
     whole = (torch.empty((1, rows), dtype=torch.int64), torch.empty((rows, 3)))
-    _merge.merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), world,
-                 most, 1, 3, 12, whole[0].data_ptr(), whole[1].data_ptr(), rows, kernel, kernel_abi.SUM)
+    _merge_at_hand(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), world,
+                   most, 1, 3, 12, whole[0].data_ptr(), whole[1].data_ptr(), rows, kernel, kernel_abi.SUM)
     windowed = (torch.empty((1, rows), dtype=torch.int64), torch.empty((rows, 3)))
     stash = torch.full_like(values, float("nan"))
     merge = _merge.Merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), counts.data_ptr(), world, most, 1, 3,
@@ -180,6 +189,6 @@ def test_merge_refuses_steps_that_do_not_fit_the_parts(bad):
     out_indices = torch.zeros((1, rows), dtype=torch.int64)
     out_values = torch.zeros((rows, 3))
     with pytest.raises(ValueError, match="do not make the"):
-        _merge.merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), 2,
-                     indices.shape[1], 1, 3, 12, out_indices.data_ptr(), out_values.data_ptr(), rows,
-                     kernel_library.entry_point("float32"), kernel_abi.SUM)
+        _merge_at_hand(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), 2,
+                       indices.shape[1], 1, 3, 12, out_indices.data_ptr(), out_values.data_ptr(), rows,
+                       kernel_library.entry_point("float32"), kernel_abi.SUM)
