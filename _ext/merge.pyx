@@ -2,8 +2,8 @@
 """The two sums of a sparse all_reduce, in C: a rank's own duplicates (``coalesce``) and the ranks' parts
 (``merge``), each in the order torch and Gloo add them, so the result is Gloo's bit for bit.
 
-``coalesce`` is torch's ``coalesce()`` given torch's own sort of the flattened
-indices: walking that permutation, the first row of each index is copied and
+``coalesce`` is torch's ``coalesce()`` given torch's sort of the flattened
+indices (``sort`` repeats it: shmcoll_introsort.h): walking that permutation, the first row of each index is copied and
 the later ones added one by one (torch's ``_coalesce_sparse_cpu`` does exactly
 that, with ``axpy``). Doing it here writes the rows straight into the buffer the
 all-gather sends from, with no new tensor per call.
@@ -45,6 +45,16 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
 from arch cimport shmcoll_prefetch
+
+cdef extern from "shmcoll_introsort.h" nogil:
+    ctypedef struct shmcoll_keyed:
+        int64_t key
+        int64_t pos
+    void shmcoll_introsort(shmcoll_keyed *first, Py_ssize_t n)
+
+# torch sorts fewer int64 keys than this with std::sort, which sort() repeats; this many or more with
+# fbgemm's radix sort where torch has it (at::internal::GRAIN_SIZE), which is stable.
+SORTS_AS_TORCH_BELOW = 32768
 
 # The permutation takes the rows in an order no hardware prefetcher follows, and a gradient that was
 # written a while ago (or on another core) is out of this core's caches: each row is asked for this many
@@ -334,6 +344,29 @@ def plan(uintptr_t indices, uintptr_t counts, int size, Py_ssize_t most, int dim
         rows = _plan(idx, count, size, most, dims, <int32_t *>steps, head)
     free(head)
     return rows
+
+
+def sort(uintptr_t keys, Py_ssize_t n, uintptr_t pairs, uintptr_t sorted_keys, uintptr_t permutation):
+    """``torch.sort(keys, 0)`` of ``n`` int64 keys, fewer than SORTS_AS_TORCH_BELOW: the same sorted keys
+    and the same permutation, equal keys included (see shmcoll_introsort.h), about 2.5x faster.
+
+    ``pairs``: room for ``n`` (key, position) pairs of int64; ``sorted_keys``, ``permutation``: int64 [n].
+    """
+    cdef const int64_t *key = <const int64_t *>keys
+    cdef shmcoll_keyed *pair = <shmcoll_keyed *>pairs
+    cdef int64_t *out_key = <int64_t *>sorted_keys
+    cdef int64_t *out_pos = <int64_t *>permutation
+    cdef Py_ssize_t i
+    if n >= SORTS_AS_TORCH_BELOW:
+        raise ValueError(f"sort: torch sorts {n} keys with another algorithm (at most {SORTS_AS_TORCH_BELOW - 1})")
+    with nogil:
+        for i in range(n):
+            pair[i].key = key[i]
+            pair[i].pos = i
+        shmcoll_introsort(pair, n)
+        for i in range(n):
+            out_key[i] = pair[i].key
+            out_pos[i] = pair[i].pos
 
 
 def coalesce(uintptr_t sorted_keys, uintptr_t permutation, Py_ssize_t nnz, uintptr_t indices, int dims,

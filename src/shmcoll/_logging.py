@@ -2,7 +2,8 @@
 
 What is logged:
   WARNING  a wait that lasts long, naming the ranks waited for (before any timeout fires)
-  INFO     one summary per process group, on its first rank: nodes, arena, algorithms
+  INFO     one summary per process group, on its first rank: nodes, arena, algorithms;
+           once per process, if the sparse all_reduce must keep torch's slower sort
   DEBUG    every collective as it starts, on every rank
 
 Like any library, shmcoll leaves handlers to the application: records reach

@@ -20,12 +20,14 @@ without a reduction kernel run Gloo's own additions.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.distributed as dist
 
 from shmcoll import _merge, _pool, kernel_abi, ops
+from shmcoll._logging import log
 
 _MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
 _HEADER = 4 + _MAX_DIMS  # nnz, sparse dims, dense dims, dims, then the shape
@@ -151,17 +153,41 @@ def _coalesce_into(tensor: torch.Tensor, buffers: Buffers, kernel: int) -> int:
         indices.copy_(tensor._indices().t())
         values.copy_(tensor._values())
         return nnz
-    # torch's coalesce sorts the flattened indices with this very sort (not a stable one: equal indices
-    # come out in the order it leaves them, and their sum depends on it), then sums along it. The out=
-    # form runs the same kernel on a copy of the input, as the plain form does, into kept buffers.
+    # torch's coalesce sorts the flattened indices with torch.sort (not a stable one: equal indices come
+    # out in the order it leaves them, and their sum depends on it), then sums along it.
     source_indices = tensor._indices().contiguous()
     source_values = tensor._values().contiguous()
-    keys, order = torch.sort(_flattened(source_indices, tensor.shape), 0, out=(
-        buffers.rows("keys", nnz, (), torch.int64), buffers.rows("order", nnz, (), torch.int64)))
+    flat = _flattened(source_indices, tensor.shape)
+    keys, order = buffers.rows("keys", nnz, (), torch.int64), buffers.rows("order", nnz, (), torch.int64)
+    if nnz < _merge.SORTS_AS_TORCH_BELOW and _sorts_as_torch():
+        _merge.sort(flat.data_ptr(), nnz, buffers.rows("pairs", nnz, (2,), torch.int64).data_ptr(),
+                    keys.data_ptr(), order.data_ptr())
+    else:  # the out= form runs the same kernel on a copy of the input, as the plain form does
+        torch.sort(flat, 0, out=(keys, order))
     row_elems = math.prod(dense_shape)
     return _merge.coalesce(keys.data_ptr(), order.data_ptr(), nnz, source_indices.data_ptr(), sparse_dim,
                            source_values.data_ptr(), row_elems, row_elems * tensor.element_size(),
                            indices.data_ptr(), values.data_ptr(), kernel, kernel_abi.SUM)
+
+
+@functools.cache
+def _sorts_as_torch() -> bool:
+    """Whether ``shmcoll._merge.sort`` leaves equal keys where this process's torch.sort does (asked once:
+    it repeats the algorithm of the std::sort torch is built with, which a torch could change)."""
+    generator = torch.Generator().manual_seed(0)
+    # Few distinct keys (long runs of equal ones, as a skewed embedding has), more than the blocks of
+    # its partition and the runs of its insertion sort cover, already-sorted and reversed stretches.
+    keys = torch.cat([torch.randint(0, 97, (5000,), generator=generator), torch.arange(300) // 7,
+                      torch.arange(300, 0, -1) // 5, torch.randint(0, 1 << 40, (400,), generator=generator)])
+    expected = torch.sort(keys, 0)
+    pairs = torch.empty((keys.numel(), 2), dtype=torch.int64)
+    ours = torch.empty_like(keys), torch.empty_like(keys)
+    _merge.sort(keys.data_ptr(), keys.numel(), pairs.data_ptr(), ours[0].data_ptr(), ours[1].data_ptr())
+    same = torch.equal(expected.values, ours[0]) and torch.equal(expected.indices, ours[1])
+    if not same:
+        log.info("this torch's sort orders equal keys unlike shmcoll's copy of it; sparse all_reduce uses "
+                 "torch.sort (slower) to keep Gloo's results")
+    return same
 
 
 def _flattened(indices: torch.Tensor, shape) -> torch.Tensor:
