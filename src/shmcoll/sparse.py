@@ -211,7 +211,9 @@ def _merged(placement, all_indices: torch.Tensor, values: torch.Tensor, counts: 
     row_bytes = row_elems * values.element_size()
     rows = torch.tensor(counts, dtype=torch.int64)
     steps = buffers.rows("steps", sum(counts), (), torch.int32)
-    nnz = _merge.plan(all_indices.data_ptr(), rows.data_ptr(), size, most, sparse_dim, steps.data_ptr())
+    scratch = buffers.rows("plan", 2 * steps.numel(), (), torch.int64)
+    nnz = _merge.plan(all_indices.data_ptr(), rows.data_ptr(), size, most, sparse_dim, steps.data_ptr(),
+                      scratch.data_ptr())
     sum_indices = torch.empty((sparse_dim, nnz), dtype=torch.int64)
     sum_values = buffers.result(nnz * row_bytes).view(values.dtype).view(nnz, *dense_shape)
     # The rows a window's steps do not reach before it goes wait here, at their place among all parts' rows.

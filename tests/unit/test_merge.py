@@ -29,6 +29,15 @@ def _added_in_rank_order(parts):
     return expected
 
 
+def _plan(indices, counts, size, most, dims, steps):
+    """``_merge.plan`` of these tensors, with its scratch, whose bounds it must keep (a guard after them)."""
+    room = 2 * int(counts.sum())
+    scratch = torch.full((room + 1,), -99, dtype=torch.int64)
+    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), size, most, dims, steps.data_ptr(), scratch.data_ptr())
+    assert scratch[room] == -99, "the plan wrote past its scratch"
+    return rows
+
+
 def _merge_at_hand(steps, total, indices, values, counts, size, most, dims, row_elems, row_bytes, out_indices,
                    out_values, nnz, kernel, sum_op):
     """``_merge.Merge`` with every part's values at hand: one window of all ``most`` rows (no stash)."""
@@ -61,7 +70,7 @@ def test_merge_adds_the_parts_in_rank_order(world, shape, nnz, sparse_dim):
     indices, values, counts = _gathered(parts)
     most, row_elems = indices.shape[1], math.prod(shape[sparse_dim:])
     steps = torch.full((int(counts.sum()),), 1 << 30, dtype=torch.int32)
-    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), world, most, sparse_dim, steps.data_ptr())
+    rows = _plan(indices, counts, world, most, sparse_dim, steps)
     out_indices = torch.empty((sparse_dim, rows), dtype=torch.int64)
     out_values = torch.empty((rows, *shape[sparse_dim:]))
     _merge_at_hand(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), world,
@@ -76,7 +85,7 @@ def test_merge_stops_at_the_rows_it_was_given():
     parts = _parts(2, (40, 3), [25, 30], 1, seed=5)
     indices, values, counts = _gathered(parts)
     steps = torch.empty((int(counts.sum()),), dtype=torch.int32)
-    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 1, steps.data_ptr())
+    rows = _plan(indices, counts, 2, indices.shape[1], 1, steps)
     out_indices = torch.zeros((1, rows), dtype=torch.int64)
     out_values = torch.zeros((rows, 3))
     with pytest.raises(ValueError, match="do not make the"):
@@ -93,32 +102,34 @@ def test_two_parts_are_planned_as_any_number_is(nnz):
     parts = _parts(2, (40, 3), nnz, 1, seed=sum(nnz))
     indices, _, counts = _gathered(parts)
     two = torch.full((int(counts.sum()),), 1 << 30, dtype=torch.int32)
-    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 1, two.data_ptr())
+    rows = _plan(indices, counts, 2, indices.shape[1], 1, two)
     widened = torch.cat([indices, torch.zeros_like(indices)], dim=2).contiguous()  # (row, 0): the same order
     general = torch.full_like(two, 1 << 30)
-    assert _merge.plan(widened.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 2, general.data_ptr()) == rows
+    assert _plan(widened, counts, 2, indices.shape[1], 2, general) == rows
     assert torch.equal(two, general)
     assert rows == len(set(torch.cat([p._indices()[0] for p in parts]).tolist()))
 
 
+@pytest.mark.parametrize("rows", [40, 1 << 62])  # the second: indices too large to pack with a rank
 @pytest.mark.parametrize("nnz", [[25, 31, 17], [0, 9, 0], [40, 40, 40, 40], [1, 0, 1, 0], [0, 0, 0],
-                                 [7 + 3 * r for r in range(16)], [30] * 5 + [0] + [2] * 10])
-def test_few_parts_are_planned_as_any_number_is(nnz):
-    """Up to 16 parts of one sparse dimension take their own branch-free plan: the same steps as the
-    general plan makes for the same indices given a second, constant, dimension, and nothing written
-    past the steps."""
+                                 [7 + 3 * r for r in range(16)], [30] * 5 + [0] + [2] * 10,
+                                 [3 + r % 5 for r in range(17)], [4, 0, 9, 2, 6]])
+def test_more_parts_are_planned_as_any_number_is(nnz, rows):
+    """Three parts or more of one sparse dimension take their own branch-free plan (rows packed with their
+    rank, merged as a tree: an odd number of runs at some level for 3, 5, 17 parts): the same steps as the
+    general plan makes for the same indices given a second, constant, dimension, and nothing written past
+    the steps."""
     world = len(nnz)
-    parts = _parts(world, (40, 3), nnz, 1, seed=sum(nnz) + world)
+    parts = _parts(world, (rows,), nnz, 1, seed=sum(nnz) + world)
     indices, _, counts = _gathered(parts)
     total = int(counts.sum())
     few = torch.full((total + 1,), 1 << 30, dtype=torch.int32)
-    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), world, indices.shape[1], 1, few.data_ptr())
+    sum_rows = _plan(indices, counts, world, indices.shape[1], 1, few)
     widened = torch.cat([indices, torch.zeros_like(indices)], dim=2).contiguous()  # (row, 0): the same order
     general = torch.full_like(few, 1 << 30)
-    assert _merge.plan(widened.data_ptr(), counts.data_ptr(), world, indices.shape[1], 2,
-                       general.data_ptr()) == rows
+    assert _plan(widened, counts, world, indices.shape[1], 2, general) == sum_rows
     assert torch.equal(few, general) and few[total] == 1 << 30
-    assert rows == len(set(torch.cat([p._indices()[0] for p in parts]).tolist()))
+    assert sum_rows == len(set(torch.cat([p._indices()[0] for p in parts]).tolist()))
 
 
 @pytest.mark.parametrize("world, nnz, window, skewed", [
@@ -139,7 +150,7 @@ def test_windows_give_the_sum_of_every_row_at_hand(world, nnz, window, skewed):
     indices, values, counts = _gathered(parts)
     most = indices.shape[1]
     steps = torch.empty((int(counts.sum()),), dtype=torch.int32)
-    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), world, most, 1, steps.data_ptr())
+    rows = _plan(indices, counts, world, most, 1, steps)
     kernel = kernel_library.entry_point("float32")
     whole = (torch.empty((1, rows), dtype=torch.int64), torch.empty((rows, 3)))
     _merge_at_hand(steps.data_ptr(), steps.numel(), indices.data_ptr(), values.data_ptr(), counts.data_ptr(), world,
@@ -164,7 +175,7 @@ def test_a_merge_missing_windows_is_refused():
     parts = _parts(2, (40, 3), [25, 30], 1, seed=8)
     indices, values, counts = _gathered(parts)
     steps = torch.empty((int(counts.sum()),), dtype=torch.int32)
-    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 1, steps.data_ptr())
+    rows = _plan(indices, counts, 2, indices.shape[1], 1, steps)
     out = (torch.empty((1, rows), dtype=torch.int64), torch.empty((rows, 3)))
     merge = _merge.Merge(steps.data_ptr(), steps.numel(), indices.data_ptr(), counts.data_ptr(), 2,
                          indices.shape[1], 1, 3, 12, out[0].data_ptr(), out[1].data_ptr(), rows,
@@ -179,7 +190,7 @@ def test_merge_refuses_steps_that_do_not_fit_the_parts(bad):
     parts = _parts(2, (40, 3), [25, 30], 1, seed=6)
     indices, values, counts = _gathered(parts)
     steps = torch.empty((int(counts.sum()),), dtype=torch.int32)
-    rows = _merge.plan(indices.data_ptr(), counts.data_ptr(), 2, indices.shape[1], 1, steps.data_ptr())
+    rows = _plan(indices, counts, 2, indices.shape[1], 1, steps)
     if bad == "rank":
         steps[3] = 2  # no rank 2
     elif bad == "overrun":
