@@ -15,8 +15,10 @@ Three copies start from the same weights: DDP over the default group (shm), DDP 
 ``new_group(backend="gloo")``, and the model alone ("local": no communication, the compute
 floor). After --warmup steps each, rounds alternate shm, gloo, local (--rounds x --steps).
 Step time = the slowest rank's. Then, on the sparse gradient of the last step as DDP sends
-it: ``all_reduce`` alone, interleaved shm/gloo (--reps per round, each call on a fresh copy, timed
-alone); its result must be Gloo's bit for bit. At the end, the shm and gloo copies must hold the
+it: ``all_reduce`` alone, interleaved shm/gloo (--sparse-rounds rounds of --reps calls, each on a
+fresh copy, timed alone; a round's time is its slowest rank's mean, the figure the rounds' median:
+one call is ~1 ms here, so a few slow rounds on a shared VM must not decide it); its result must
+be Gloo's bit for bit. At the end, the shm and gloo copies must hold the
 same weights (exit 3 if they differ by more than 1e-5 relative), and every rank reports its
 resident memory.
 """
@@ -90,6 +92,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=3, help="steps per round")
+    p.add_argument("--sparse-rounds", type=int, default=15,
+                   help="rounds of the sparse all_reduce alone, shm and gloo alternated (their median is reported)")
     p.add_argument("--reps", type=int, default=10, help="sparse all_reduce calls per round")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--json", metavar="PATH")
@@ -117,7 +121,7 @@ def main() -> int:
     results = {}
     # Each call on a fresh copy made outside the timing, the last one dropped first (as DDP's
     # gradient is, step after step): holding every copy would time page faults of new memory.
-    for r in range(args.rounds):
+    for r in range(args.sparse_rounds):
         for name, group in groups.items():
             spent = 0.0
             for _ in range(args.reps):
