@@ -11,8 +11,10 @@ sums, whatever the op; here any op but SUM is refused rather than silently
 summed. The table is never densified: what moves is every rank's (indices,
 values), padded to the largest nnz.
 
-Three all-gathers: a fixed-size header (nnz, dims, shape) that every rank
-checks against its own, then the indices, then the values. Every rank plans
+All-gathers: a header (nnz, dims, shape) that every rank checks against its
+own, with this rank's indices when they fit the room the last call's sizes
+set (else the indices follow in an all-gather of their own), then the
+values. Every rank plans
 the merge over the gathered indices, then sums the parts in one pass
 (``shmcoll._merge``) that makes those additions in that order, reading each
 window of the values' all-gather where it lies in shared memory; the dtypes
@@ -31,6 +33,9 @@ from shmcoll._logging import log
 
 _MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
 _HEADER = 4 + _MAX_DIMS  # nnz, sparse dims, dense dims, dims, then the shape
+# Past this many int64s of indices (1 MiB) a rank's indices take longer to gather than the ranks' meeting
+# costs: the header goes alone and the indices follow.
+_ROOM_MAX = 1 << 17
 
 
 def check_op(redop) -> None:
@@ -64,6 +69,7 @@ class Buffers:
     def __init__(self):
         self._kept: dict[str, torch.Tensor] = {}
         self._results = _pool.Pool(self.KEEP_BYTES)
+        self.indices_room = 0  # what every rank's next header carries of its indices (_room_after)
 
     def result(self, nbytes: int) -> torch.Tensor:
         """``nbytes`` of memory (uint8) for a result the caller keeps: the pool's while it has room, else new."""
@@ -111,16 +117,27 @@ def _allreduce(tensor: torch.Tensor, placement, rank: int, size: int, buffers: B
     else:
         nnz = _coalesce_into(tensor, buffers, kernel)
     mine = [nnz, sparse_dim, len(dense_shape), tensor.dim(), *tensor.shape]
-    header = torch.tensor(mine + [0] * (_HEADER - len(mine)), dtype=torch.int64)
-    headers = _gather(placement, header, torch.empty((size, _HEADER), dtype=torch.int64)).tolist()
+    # The header travels with this rank's indices when they fit the room every rank gives them (agreed
+    # without a word: each sets it from the same gathered headers); then the ranks meet once for both.
+    room = buffers.indices_room
+    message = buffers.rows("message", _HEADER + max(room, nnz * sparse_dim), (), torch.int64)
+    message[:_HEADER].copy_(torch.tensor(mine + [0] * (_HEADER - len(mine)), dtype=torch.int64))
+    message[_HEADER:_HEADER + nnz * sparse_dim].copy_(buffers.rows("indices", nnz, (sparse_dim,), torch.int64).view(-1))
+    messages = _gather(placement, message[:_HEADER + room],
+                       buffers.rows("messages", size, (_HEADER + room,), torch.int64))
+    headers = messages[:, :_HEADER].tolist()
+    buffers.indices_room = _room_after(headers)
     _check_agreement(headers, tensor, rank)
     counts = [h[0] for h in headers]
     most = max(counts)
     # Padded to the largest part; the padding is never read, so it is left unset.
     indices = buffers.rows("indices", most, (sparse_dim,), torch.int64, keep=nnz)
     values = buffers.rows("values", most, dense_shape, tensor.dtype, keep=nnz)
-    all_indices = _gather(placement, indices, buffers.rows("all_indices", size * most, (sparse_dim,), torch.int64))
-    all_indices = all_indices.view(size, most, sparse_dim)
+    all_indices = buffers.rows("all_indices", size * most, (sparse_dim,), torch.int64).view(size, most, sparse_dim)
+    if most * sparse_dim <= room:  # they came with the headers (the same test on every rank)
+        all_indices.view(size, most * sparse_dim).copy_(messages[:, _HEADER:_HEADER + most * sparse_dim])
+    else:
+        _gather(placement, indices, all_indices.view(size * most, sparse_dim))
     if kernel is None:
         all_values = _gather(placement, values, buffers.rows("all_values", size * most, dense_shape, tensor.dtype))
         tensor.copy_(_added(all_indices, all_values.view(size, most, *dense_shape), counts, tensor.shape))
@@ -130,6 +147,13 @@ def _allreduce(tensor: torch.Tensor, placement, rank: int, size: int, buffers: B
     # tensor's indices and values (tensors taken from it before keep the old ones) and bumps its version.
     tensor.data = _merged(placement, all_indices, values, counts, tensor.shape, kernel, buffers)
     torch.autograd.graph.increment_version(tensor)
+
+
+def _room_after(headers: list) -> int:
+    """The int64s of indices each rank sends with its header next call: this call's largest part, a quarter
+    more (DDP sends gradients of about the same size step after step), at most ``_ROOM_MAX``."""
+    largest = max(h[0] * h[1] for h in headers)
+    return min(largest + largest // 4, _ROOM_MAX)
 
 
 def _sum_kernel(dtype: torch.dtype) -> int | None:
