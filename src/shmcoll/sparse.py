@@ -14,11 +14,10 @@ values), padded to the largest nnz.
 All-gathers: a header (nnz, dims, shape) that every rank checks against its
 own, with this rank's indices when they fit the room the last call's sizes
 set (else the indices follow in an all-gather of their own), then the
-values. Every rank plans
-the merge over the gathered indices, then sums the parts in one pass
-(``shmcoll._merge``) that makes those additions in that order, reading each
-window of the values' all-gather where it lies in shared memory; the dtypes
-without a reduction kernel run Gloo's own additions.
+values. Every rank plans the merge over the gathered indices, then sums the
+parts in one pass (``shmcoll._merge``) that makes those additions in that
+order, reading each window of the values' all-gather where it lies in shared
+memory; the dtypes without a reduction kernel run Gloo's own additions.
 """
 from __future__ import annotations
 
@@ -48,10 +47,11 @@ def check_op(redop) -> None:
 class Buffers:
     """The memory a group's sparse all_reduces reuse from call to call.
 
-    A call needs buffers about the size of the gradient (this rank's part and
-    torch's sort of it, every rank's indices, the stash where the merge keeps
-    value rows it cannot take yet, at their place among every rank's) and the
-    merge's steps (4 bytes per gathered row). New memory is slow to fill the
+    A call needs buffers about the size of the gradient (this rank's part, the
+    sort of its indices, the header with them and every rank's headers, every
+    rank's indices, the stash where the merge keeps value rows it cannot take
+    yet, at their place among every rank's), the merge's steps (4 bytes per
+    gathered row) and the plan's room (16 bytes per gathered row). New memory is slow to fill the
     first time (page faults: on the 2-core VM, 4 MiB of new memory took ~1 ms to
     fill, reused memory 0.07 ms), and a DDP step sends a gradient of about the
     same size every step, so each buffer is kept and grown, never shrunk. A
