@@ -1,6 +1,6 @@
 """Every ``SHMCOLL_*`` environment variable, parsed once. Documented in README.md."""
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -18,16 +18,21 @@ def _ranks(text: str) -> frozenset:
     return frozenset(int(part) for part in text.split(",") if part.strip())
 
 
+GROUP_WIDE = {"group_wide": True}
+
+
 @dataclass(frozen=True)
 class Settings:
     """Effective tuning and placement settings (see README.md, "Environment variables")."""
 
     shm_dir: str = "/dev/shm"
-    chunk_bytes: int = 512 * KiB
-    small_bytes: int = 64 * KiB
-    p2p_bytes: int = 64 * KiB
-    threads: int | None = None  # lanes per rank; None: torch.get_num_threads()
-    thread_bytes: int = 512 * KiB  # least bytes per lane
+    # Marked GROUP_WIDE: they shape the arena or a collective's plan, so every rank of a group must
+    # use the same value; the group uses its rank 0's (shmcoll.agreement).
+    chunk_bytes: int = field(default=512 * KiB, metadata=GROUP_WIDE)
+    small_bytes: int = field(default=64 * KiB, metadata=GROUP_WIDE)
+    p2p_bytes: int = field(default=64 * KiB, metadata=GROUP_WIDE)
+    threads: int | None = None  # lanes per rank; None: torch.get_num_threads() (the node agrees on the least)
+    thread_bytes: int = field(default=512 * KiB, metadata=GROUP_WIDE)  # least bytes per lane
     spin_us: float | None = None
     yield_us: float | None = None
     hostid: str | None = None
@@ -73,6 +78,17 @@ def read_settings(environ=os.environ) -> Settings:
     if settings.p2p_bytes < 1 * KiB or settings.p2p_bytes % 128:
         raise ValueError(f"SHMCOLL_P2P_BYTES={settings.p2p_bytes} must be a multiple of 128, at least 1024")
     return settings
+
+
+def group_wide(settings: Settings) -> dict[str, int]:
+    """The settings every rank of a group must share, by variable name."""
+    return {_PARSERS[f.name][0]: getattr(settings, f.name) for f in fields(Settings) if f.metadata.get("group_wide")}
+
+
+def with_group_wide(settings: Settings, values: dict[str, int]) -> Settings:
+    """``settings`` with the group-wide ones replaced by ``values`` (as ``group_wide`` names them)."""
+    names = {_PARSERS[f.name][0]: f.name for f in fields(Settings)}
+    return replace(settings, **{names[variable]: value for variable, value in values.items()})
 
 
 # Read elsewhere: SHMCOLL_LOG_LEVEL by shmcoll._logging (it configures logging, not Settings).

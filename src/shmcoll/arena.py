@@ -38,8 +38,11 @@ from shmcoll import _reduce, _segment, _sync
 from shmcoll import waits
 from shmcoll.errors import AttachError, CollectiveError, PeerAttachError, PeerDiedError, ShmcollError
 
-MAGIC = 0x314C4C4F434D4853  # "SHMCOLL1" little-endian
+MAGIC = 0x324C4C4F434D4853  # "SHMCOLL2" little-endian: the header below
 HEADER_BYTES = 256
+# uint64 words of the header. The creator writes what the layout was derived from, and every rank
+# that maps the segment checks it against what it derived itself (``_check_header``).
+MAGIC_WORD, LOCAL_SIZE_WORD, CHUNK_WORD, P2P_WORD, SIZE_WORD = 0, 1, 2, 4, 5
 LINE_BYTES = _sync.LINE_BYTES
 PID_OFFSET = 48  # int32 in each control line, after the step word and descriptors
 ABANDONED_WORD = 3  # uint64 of the header: 1 + the group rank that gave up mid-collective, else 0
@@ -303,9 +306,9 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
             raise
         named = segment.fd < 0
         try:
-            _init_header(segment, local_size, settings.chunk_bytes)
+            _init_header(segment, local_size, settings.chunk_bytes, settings.p2p_bytes)
             store.set(f"{key}/pidns", _pid_namespace())
-            store.set(key, segment.path if not named else os.path.basename(segment.path))
+            store.set(key, segment.path)
             if local_size > 1:
                 store.wait([f"{key}/mapped"], timeout)
         finally:
@@ -322,6 +325,7 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
             if name.startswith(_ERROR):
                 raise OSError(f"rank {ranks[0]} could not create the shm arena: {name[len(_ERROR):]}")
             segment = _map_created(name, size, settings, ranks, local_rank, store.get(f"{key}/pidns").decode())
+            _check_header(segment, local_size, settings.chunk_bytes, settings.p2p_bytes, ranks)
         except Exception as error:
             if not name.startswith(_ERROR):  # tell the creator, which is waiting for us
                 store.set(f"{key}/failed", str(error) if isinstance(error, ShmcollError)
@@ -341,7 +345,8 @@ _ERROR = "error:"
 
 
 def _map_created(name: str, size: int, settings, ranks: list[int], local_rank: int, creator_pidns: str):
-    """Map the segment that local rank 0 published as ``name``.
+    """Map the segment that local rank 0 published as ``name`` (its path: /proc/PID/fd/N, or a name in its
+    SHMCOLL_SHM_DIR, which need not be ours).
 
     Raises AttachError where this rank cannot reach it while the creator is fine
     (the group then runs this rank as a node of its own), PeerDiedError where the
@@ -364,7 +369,7 @@ def _map_created(name: str, size: int, settings, ranks: list[int], local_rank: i
             except FileNotFoundError:
                 raise PeerDiedError(f"rank {creator} (which created the shm arena) exited before rank "
                                     f"{me} could map it") from None
-        return _segment.attach(os.path.join(settings.shm_dir, name), size)
+        return _segment.attach(name, size)
     except OSError as error:
         raise AttachError(f"rank {me} could not map the shm arena of rank {creator}: {error}") from error
 
@@ -407,9 +412,28 @@ def _explain_enospc(create, where: str, size: int, local_size: int):
         raise
 
 
-def _init_header(segment, local_size: int, chunk_bytes: int) -> None:
+def _init_header(segment, local_size: int, chunk_bytes: int, p2p_bytes: int) -> None:
     header = np.frombuffer(segment, dtype=np.uint64, count=HEADER_BYTES // 8)
-    header[0] = MAGIC
-    header[1] = local_size
-    header[2] = chunk_bytes
+    header[LOCAL_SIZE_WORD] = local_size
+    header[CHUNK_WORD] = chunk_bytes
+    header[P2P_WORD] = p2p_bytes
+    header[SIZE_WORD] = segment.size
+    header[MAGIC_WORD] = MAGIC
     del header
+
+
+def _check_header(segment, local_size: int, chunk_bytes: int, p2p_bytes: int, ranks: list[int]) -> None:
+    """Raise unless the creator laid the segment out as this rank would: ranks that derived different
+    layouts would read each other's data at the wrong offsets (a wrong result, not an error)."""
+    header = np.frombuffer(segment, dtype=np.uint64, count=HEADER_BYTES // 8)
+    found = {"magic": int(header[MAGIC_WORD]), "local ranks": int(header[LOCAL_SIZE_WORD]),
+             "chunk bytes": int(header[CHUNK_WORD]), "p2p bytes": int(header[P2P_WORD]),
+             "size": int(header[SIZE_WORD])}
+    del header
+    expected = {"magic": MAGIC, "local ranks": local_size, "chunk bytes": chunk_bytes, "p2p bytes": p2p_bytes,
+                "size": segment.size}
+    wrong = [f"{what} {found[what]:#x} (expected {value:#x})" if what == "magic"
+             else f"{what} {found[what]} (expected {value})" for what, value in expected.items() if found[what] != value]
+    if wrong:
+        raise ShmcollError(f"rank {ranks[0]} laid out the shm arena of ranks {', '.join(map(str, ranks))} "
+                           f"otherwise than this rank would: {', '.join(wrong)}")

@@ -344,8 +344,8 @@ class Collectives:
         checks.same_dtype(outputs, "all_to_all output")
         if outputs[0].dtype != inputs[0].dtype:
             raise ValueError(f"all_to_all: the outputs are {outputs[0].dtype}, the inputs {inputs[0].dtype}")
-        sizes = {t.numel() * t.element_size() for t in outputs + inputs}
-        desc = ops.descriptor(ops.ALLTOALL, sizes.pop() if len(sizes) == 1 else 0)
+        # No count: each rank knows only its own sizes (the collective exchanges them; see algorithms.alltoall).
+        desc = ops.descriptor(ops.ALLTOALL, 0, ops.movement_code(inputs[0].dtype))
         return self._launch(desc, lambda: self._placement.alltoall(outputs, inputs, desc), output_tensors, opts)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -355,10 +355,11 @@ class Collectives:
             raise ValueError(f"all_to_all_single: output is {output.dtype}, input is {input.dtype}")
         in_blocks = checks.split_bytes(input, input_split_sizes, self._size, "input")
         out_blocks = checks.split_bytes(output, output_split_sizes, self._size, "output")
-        uniform = not input_split_sizes and not output_split_sizes
-        desc = ops.descriptor(ops.ALLTOALL, in_blocks[0][1] if uniform else 0)
+        # Whether a rank passed split sizes is its own affair (Gloo's contract): every rank's blocks are
+        # explicit from here on, and the collective exchanges them (see algorithms.alltoall).
+        desc = ops.descriptor(ops.ALLTOALL, 0, ops.movement_code(input.dtype))
         return self._launch(desc, lambda: self._placement.alltoall_single(output, input, out_blocks, in_blocks,
-                                                                          uniform, desc), [output], opts)
+                                                                          desc), [output], opts)
 
     all_to_all_single = alltoall_base
 

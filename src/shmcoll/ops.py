@@ -209,6 +209,6 @@ def describe_desc(desc: int) -> str:
     parts = [p for p in (op, dtype) if p]
     if kind in _ROOTED:
         parts.append(f"root {root}")
-    if kind != "barrier":
+    if kind not in ("barrier", "all_to_all"):  # all_to_all: the sizes are per pair, exchanged in the collective
         parts.append(f"{count} {'elements' if dtype else 'bytes'}")
     return f"{kind}({', '.join(parts)})"

@@ -25,7 +25,7 @@ def _arenas(size: int, monkeypatch):
     layout = arena_module.layout(size, CHUNK, 1024)
     segment = _segment.create_unnamed("/dev/shm", layout.total)
     segment.release_fd()
-    arena_module._init_header(segment, size, CHUNK)
+    arena_module._init_header(segment, size, CHUNK, 1024)
     handles = [arena_module.Arena(segment, r, size, CHUNK, 1024, timedelta(seconds=30), 0, 0, list(range(size)))
                for r in range(size)]
     for handle in handles:

@@ -1,54 +1,59 @@
 """All-to-all: rank r's block j goes to rank j, with per-pair sizes in bytes.
 
-Each slot is split into L *lanes* of ``chunk_bytes / L``; per step rank r puts
-the next piece of its block for rank j in lane j of its slot, and rank j reads
-lane j of every slot. When sizes differ between pairs, a first step exchanges
-every rank's send and receive sizes, so all ranks agree on the number of
-steps and all detect the same inconsistency.
+Every rank's sizes are its own arguments (split sizes, tensor sizes), and ranks
+may describe the same layout differently (one passes split sizes, another
+none), so no rank can pick a plan from its arguments alone. The first step
+therefore carries a *size table* at the head of each slot: what the rank sends
+to and expects from every rank. Every rank reads every table after that step,
+so all agree on the number of steps and all detect the same inconsistency,
+without a step of its own: the first pieces of data travel with the tables.
+
+The rest of each slot is cut into L *parts* of equal width; per step, rank r
+puts the next piece of its block for rank j in part j of its slot, and rank j
+reads part j of every slot.
 """
 import numpy as np
 
 from shmcoll._copy import copy
 
 
-def alltoall(arena, send, recv, desc: int, uniform: bool) -> None:
+def alltoall(arena, send, recv, desc: int) -> None:
     """``send``/``recv``: one (address, nbytes) per local rank; recv[j] is what rank j sends us."""
     me, size = arena.local_rank, arena.local_size
-    lane = arena.chunk_bytes // size // 64 * 64
-    if uniform:
-        longest = send[0][1]
-    else:
-        step = arena.begin_write()
-        buf = step & 1
-        sizes = np.array([n for _, n in send] + [n for _, n in recv], dtype=np.int64)
-        copy(arena.slot(buf, me), sizes.ctypes.data, sizes.nbytes)
-        arena.post(step, desc)
-        arena.wait_all(step)
-        arena.check_same_collective(step, desc)
-        table = arena.rows(buf, np.int64)[:, :2 * size]
-        sends, recvs = table[:, :size], table[:, size:].T  # sends[a, b] and recvs[a, b]: bytes from a to b
-        bad = np.argwhere(sends != recvs)
-        if len(bad):
-            a, b = (int(x) for x in bad[0])
-            raise ValueError(f"all_to_all split sizes disagree: rank {arena.ranks[a]} sends {int(sends[a, b])} "
-                             f"bytes to rank {arena.ranks[b]}, which expects {int(recvs[a, b])} bytes from it")
-        longest = int(sends.max())
+    table_bytes = -(-2 * size * 8 // 64) * 64
+    part = (arena.chunk_bytes - table_bytes) // size // 64 * 64
     copy(recv[me][0], send[me][0], send[me][1])
-    first = True
-    for start in range(0, longest, lane):
+    start, longest = 0, None
+    while longest is None or start < longest:
         step = arena.begin_write()
         buf = step & 1
         slot = arena.slot(buf, me)
+        if longest is None:
+            arena.rows(buf, np.int64)[me, :2 * size] = [n for _, n in send] + [n for _, n in recv]
         for peer in range(size):
             addr, nbytes = send[peer]
             if peer != me and start < nbytes:
-                copy(slot + peer * lane, addr + start, min(lane, nbytes - start))
+                copy(slot + table_bytes + peer * part, addr + start, min(part, nbytes - start))
         arena.post(step, desc)
         arena.wait_all(step)
-        if first and uniform:
+        if longest is None:
             arena.check_same_collective(step, desc)
-        first = False
+            longest = _agreed_longest(arena, buf)
         for peer in range(size):
             addr, nbytes = recv[peer]
             if peer != me and start < nbytes:
-                copy(addr + start, arena.slot(buf, peer) + me * lane, min(lane, nbytes - start))
+                copy(addr + start, arena.slot(buf, peer) + table_bytes + me * part, min(part, nbytes - start))
+        start += part
+
+
+def _agreed_longest(arena, buf: int) -> int:
+    """The longest block any rank sends, from the size tables every rank posted (the same on every rank);
+    raises, on every rank alike, if a rank expects other sizes than its peers send it."""
+    size = arena.local_size
+    table = arena.rows(buf, np.int64)[:, :2 * size]
+    sends, recvs = table[:, :size], table[:, size:].T  # sends[a, b] and recvs[a, b]: bytes from a to b
+    if not np.array_equal(sends, recvs):
+        a, b = (int(x) for x in np.argwhere(sends != recvs)[0])
+        raise ValueError(f"all_to_all split sizes disagree: rank {arena.ranks[a]} sends {int(sends[a, b])} "
+                         f"bytes to rank {arena.ranks[b]}, which expects {int(recvs[a, b])} bytes from it")
+    return int(sends.max())

@@ -14,7 +14,7 @@ Each offers the same methods, with the same arguments::
   reduce_scatter(output, input, red, desc)    broadcast(tensor, root, desc)
   allgather(outputs, input, desc)             allgather_into(output, input, desc)
   gather(outputs | None, input, root, desc)   scatter(output, inputs | None, root, desc)
-  alltoall(outputs, inputs, desc)             alltoall_single(output, input, out_blocks, in_blocks, uniform, desc)
+  alltoall(outputs, inputs, desc)             alltoall_single(output, input, out_blocks, in_blocks, desc)
   barrier(desc)                               send(tensor, dst, tag) -> Work;  recv(tensor, src | None, tag) -> Work
   set_background(on)      abort(why): waits in progress raise within a slice      close()      summary() -> lines
   one_shot_bytes: all-reduces up to this size may call one_shot(tensor, count, red, desc) (0: no such path)
@@ -33,6 +33,7 @@ import os
 from datetime import timedelta
 
 from shmcoll import lanes, topology
+from shmcoll.agreement import agree_settings
 from shmcoll.arena import LANE_MIN_CHUNK, MAX_LANES
 from shmcoll.node_arena import open_node_arena
 
@@ -102,6 +103,7 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
     # key of ours lives under this incarnation's number: each rank adds 1 once.
     incarnation = (store.add("shmcoll/incarnation", 1) - 1) // size
     keys = f"shmcoll/{incarnation}"
+    settings = agree_settings(store, keys, rank, size, settings)
     topo = topology.discover(store, rank, size, topology.host_identity(settings.hostid), keys)
     # A rank that cannot map its node's arena becomes a node of its own (even in a one-node job).
     topo, arena = open_node_arena(store, rank, size, topo, settings, timeout,

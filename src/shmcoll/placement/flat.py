@@ -130,13 +130,10 @@ class Flat:
         for out, target in zip(outputs, targets):
             unstage(out, target)
 
-    def alltoall_single(self, output: torch.Tensor, input: torch.Tensor, out_blocks, in_blocks, uniform: bool,
-                        desc: int) -> None:
+    def alltoall_single(self, output: torch.Tensor, input: torch.Tensor, out_blocks, in_blocks, desc: int) -> None:
         target = staged_empty(output)
-        rows_out = output.shape[0] if output.dim() else 1
-        rows_in = input.shape[0] if input.dim() else 1
-        out_splits = [] if uniform else _rows(out_blocks, output, rows_out)
-        in_splits = [] if uniform else _rows(in_blocks, input, rows_in)
+        out_splits = _rows(out_blocks, output)
+        in_splits = _rows(in_blocks, input)
         self.group.alltoall_base(target, input.contiguous(), out_splits, in_splits,
                                  dist.AllToAllOptions()).wait()
         unstage(output, target)
@@ -159,7 +156,8 @@ class Flat:
             self.group = None
 
 
-def _rows(blocks, tensor: torch.Tensor, rows: int) -> list[int]:
+def _rows(blocks, tensor: torch.Tensor) -> list[int]:
     """Split sizes in rows from (byte offset, byte count) blocks."""
+    rows = tensor.shape[0] if tensor.dim() else 1
     row_bytes = tensor.numel() * tensor.element_size() // rows if rows else 1
     return [n // row_bytes if row_bytes else 0 for _, n in blocks]

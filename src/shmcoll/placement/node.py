@@ -165,19 +165,17 @@ class OneNode(OnArena):
         targets = [staged_empty(t) for t in outputs]
         sizes_in, sizes_out = [_nbytes(t) for t in sources], [_nbytes(t) for t in targets]
         alltoall.alltoall(self.arena, [(t.data_ptr(), n) for t, n in zip(sources, sizes_in)],
-                          [(t.data_ptr(), n) for t, n in zip(targets, sizes_out)], desc,
-                          len(set(sizes_in + sizes_out)) == 1)
+                          [(t.data_ptr(), n) for t, n in zip(targets, sizes_out)], desc)
         for out, target in zip(outputs, targets):
             unstage(out, target)
 
-    def alltoall_single(self, output: torch.Tensor, input: torch.Tensor, out_blocks, in_blocks, uniform: bool,
-                        desc: int) -> None:
+    def alltoall_single(self, output: torch.Tensor, input: torch.Tensor, out_blocks, in_blocks, desc: int) -> None:
         """``out_blocks``/``in_blocks``: (byte offset, byte count) of each rank's block."""
         source = input.contiguous()
         target = staged_empty(output)
         base_in, base_out = source.data_ptr(), target.data_ptr()
         alltoall.alltoall(self.arena, [(base_in + off, n) for off, n in in_blocks],
-                          [(base_out + off, n) for off, n in out_blocks], desc, uniform)
+                          [(base_out + off, n) for off, n in out_blocks], desc)
         unstage(output, target)
 
     def barrier(self, desc: int) -> None:

@@ -44,8 +44,7 @@ class SingleRank:
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], desc: int) -> None:
         outputs[0].copy_(inputs[0].reshape(outputs[0].shape))
 
-    def alltoall_single(self, output: torch.Tensor, input: torch.Tensor, out_blocks, in_blocks, uniform: bool,
-                        desc: int) -> None:
+    def alltoall_single(self, output: torch.Tensor, input: torch.Tensor, out_blocks, in_blocks, desc: int) -> None:
         output.copy_(input.reshape(output.shape))
 
     def barrier(self, desc: int) -> None:
