@@ -39,6 +39,7 @@ import torch.distributed as dist
 import shmcoll  # noqa: F401  (registers "shm")
 import shmcoll.backend  # noqa: F401  (what the first shm group would import)
 from shmcoll import _segment, kernel_library
+from tests import leaks
 
 kernel_library.warm()  # in the forkserver: once, before any fork
 torch.set_num_threads(1)
@@ -567,24 +568,12 @@ def bad_input(rank: Rank, backend: str = "shm", timeout: float = 10.0, asym_time
 # -- 6. teardown --------------------------------------------------------------
 
 def _process_state(shm_dir: str) -> dict:
-    def ours(path: str) -> bool:  # a segment file, mapped or open, unlinked or never named (O_TMPFILE)
-        path = path.removesuffix(" (deleted)")
-        return os.path.basename(path).startswith("shmcoll-") or path.startswith(shm_dir.rstrip("/") + "/")
-
-    maps = [line.split(None, 5)[5].strip() for line in open("/proc/self/maps")
-            if len(line.split(None, 5)) == 6 and ours(line.split(None, 5)[5].strip())]
-    fds = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if ours(target):
-            fds.append(target)
+    held = leaks.references(shm_dir)
     tasks = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
     return {"os_threads": len(tasks), "os_thread_names": tasks,
             "py_threads": sorted(t.name for t in threading.enumerate()),
-            "maps": maps, "fds": fds, "shm_entries": sorted(os.listdir(shm_dir))}
+            "maps": [line for line in held if line.startswith("map ")],
+            "fds": [line for line in held if line.startswith("fd ")], "shm_entries": sorted(os.listdir(shm_dir))}
 
 
 def reinit(rank: Rank, cycles: int = 3):

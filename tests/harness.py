@@ -8,7 +8,8 @@ same for jobs that go through torchrun on purpose.
 Starting a rank costs seconds (importing torch), so one job runs a whole
 scenario: many cases, each checked inside the ranks against a reference, and
 reported back as {case: None or failure text} (``spawn``). The parent checks
-that every rank finished, agrees, and that nothing of ours is left in /dev/shm.
+that every rank finished, ran the cases the scenario defines, passed them, and
+kept no segment mapped or open after its groups were destroyed (``tests.leaks``).
 """
 from __future__ import annotations
 
@@ -58,8 +59,24 @@ class JobResult:
                     failed.append(f"rank {rank} {case}: {error}")
         return failed
 
+    def case_names(self) -> list[list[str] | None]:
+        """The cases each rank ran (None: it reported nothing)."""
+        return [sorted(r["cases"]) if r is not None else None for r in self.reports]
+
     def case_count(self) -> int:
-        return min((len(r["cases"]) for r in self.reports if r is not None), default=0)
+        """The cases every rank ran; raises unless every rank reported the same cases."""
+        names = self.case_names()
+        for rank, theirs in enumerate(names):
+            if theirs != names[0]:
+                differ = sorted(set(theirs or ()) ^ set(names[0] or ()))
+                raise AssertionError(f"rank {rank} ran other cases than rank 0: {len(theirs or ())} against "
+                                     f"{len(names[0] or ())}, differing in {differ[:10]}")
+        return len(names[0]) if names else 0
+
+    def leaks(self) -> list[str]:
+        """Segments a rank still mapped or held open after destroying its groups (tests/worker.py)."""
+        return [f"rank {rank}: {line}" for rank, report in enumerate(self.reports)
+                if report is not None for line in report.get("leaks", ())]
 
 
 def rank_environment(extra: dict | None = None) -> dict:
@@ -183,11 +200,24 @@ def spawn(scenario: str, world_size: int, backend: str = "shm", env: dict | None
         return JobResult(job.codes(), reports, outputs)
 
 
-def assert_job_passes(result: JobResult, min_cases: int = 1) -> None:
+def assert_job_passes(result: JobResult, min_cases) -> None:
+    """Every rank exited 0, ran its cases, all passed, and left no segment mapped or open.
+
+    ``min_cases``: what the scenario defines for this job. A number: every rank ran the same cases, at
+    least that many. A list, for scenarios whose ranks have roles (members of some subgroups, senders and
+    receivers): at least ``min_cases[r]`` on rank r.
+    """
     failures = result.failures()
     assert not failures, f"{len(failures)} failed case(s):\n" + "\n".join(failures[:40])
     assert all(code == 0 for code in result.returncodes), (result.returncodes, result.outputs)
-    assert result.case_count() >= min_cases, f"only {result.case_count()} cases ran"
+    if isinstance(min_cases, int):
+        assert result.case_count() >= min_cases, f"only {result.case_count()} cases ran, not {min_cases}"
+    else:
+        counts = [len(names or ()) for names in result.case_names()]
+        assert all(n >= least for n, least in zip(counts, min_cases, strict=True)), \
+            f"cases per rank: {counts}, the scenario defines {list(min_cases)}"
+    assert not result.leaks(), "segments still mapped or open after destroy_process_group:\n" + \
+        "\n".join(result.leaks())
 
 
 def torchrun_nodes(scenario: str, args: list[str], nnodes: int, nproc, master_addr: str = "127.0.0.1",

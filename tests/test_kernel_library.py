@@ -60,7 +60,7 @@ def test_library_matches_the_jit_kernels(dtype):
 def test_a_warm_job_never_imports_numba():
     kernel_library.warm()  # the library exists before the job starts, as after `python -m shmcoll warm`
     result = spawn("tests.scenarios:no_numba_after_init", 2)
-    assert_job_passes(result, min_cases=1)
+    assert_job_passes(result, min_cases=8)
 
 
 def test_without_a_compiler_the_jit_kernels_are_used(tmp_path):

@@ -12,7 +12,7 @@ SUMMARY = "shm process group of 2 ranks on 1 node(s)"
 
 def test_info_summary_on_first_rank_only():
     result = spawn("tests.logging_scenarios:collectives", 2, env={"SHMCOLL_LOG_LEVEL": "INFO"}, timeout=90)
-    assert_job_passes(result)
+    assert_job_passes(result, min_cases=1)
     assert SUMMARY in result.outputs[0] and "one-shot up to 65536 B" in result.outputs[0], result.outputs[0]
     assert SUMMARY not in result.outputs[1], result.outputs[1]
     assert "all_reduce(sum" not in result.outputs[0]  # per-collective lines are DEBUG
@@ -21,7 +21,7 @@ def test_info_summary_on_first_rank_only():
 def test_torch_detail_logs_every_collective():
     result = spawn("tests.logging_scenarios:collectives", 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
                    timeout=90)
-    assert_job_passes(result)
+    assert_job_passes(result, min_cases=1)
     for rank, output in enumerate(result.outputs):
         assert f"rank {rank}: all_reduce(sum, float32, 3 elements) #1" in output, output
         assert f"rank {rank}: broadcast(" in output and "#2" in output, output
@@ -29,14 +29,14 @@ def test_torch_detail_logs_every_collective():
 
 def test_quiet_by_default():
     result = spawn("tests.logging_scenarios:collectives", 2, timeout=90)
-    assert_job_passes(result)
+    assert_job_passes(result, min_cases=1)
     assert not any("shmcoll" in output for output in result.outputs), result.outputs
 
 
 def test_long_waits_name_the_late_rank():
     """Warnings (shown without any logging set-up) after a third of a 6 s timeout."""
     result = spawn("tests.logging_scenarios:late_peer", 2, timeout=90)
-    assert_job_passes(result)
+    assert_job_passes(result, min_cases=[2, 1])  # rank 0 also receives
     waiting = result.outputs[0]
     assert "rank 0 has waited 2 s in all_reduce(sum, float32, 3 elements)" in waiting, waiting
     assert "for rank(s) 1 (alive, not there yet)" in waiting, waiting

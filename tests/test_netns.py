@@ -37,7 +37,7 @@ def test_two_nodes_over_tcp_between_network_namespaces(netns_pair):
         node_env=lambda node: {**SMALL_CHUNKS, "SHMCOLL_HOSTID": f"netns-node{node}",
                                "GLOO_SOCKET_IFNAME": pair.interfaces[node]},
         node_prefix=pair.exec_prefix, timeout=120)
-    assert_job_passes(result, min_cases=150)
+    assert_job_passes(result, min_cases=162)
     for report in result.reports:
         assert report["hierarchical"] and report["flat_gloo"] and report["nodes"] == [[0, 1], [2, 3]], report
     after = [pair.counters(node) for node in range(2)]

@@ -1,8 +1,9 @@
 """One rank of a test job: ``python -m tests.worker module:function [args]``.
 
 Initialises the default group with $SHMCOLL_TEST_BACKEND (env:// rendezvous),
-runs the scenario, which records each case through ``Cases``, and writes the
-report to $SHMCOLL_TEST_REPORT.
+runs the scenario, which records each case through ``Cases``, destroys the
+group, and writes the report to $SHMCOLL_TEST_REPORT: the cases, and the
+segments this process still maps or holds open (``tests.leaks``).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import traceback
 
 import torch
 import torch.distributed as dist
+
+from tests import leaks
 
 
 class Cases:
@@ -37,15 +40,18 @@ def main() -> int:
     target, *args = sys.argv[1:]
     module_name, function_name = target.split(":")
     torch.set_num_threads(1)
+    before = leaks.references()
     dist.init_process_group(os.environ["SHMCOLL_TEST_BACKEND"], init_method="env://")
+    rank = dist.get_rank()
     cases = Cases()
     extra = getattr(importlib.import_module(module_name), function_name)(cases, *args) or {}
-    report = {"cases": cases.results, **extra}
-    # Launchers that share one environment among ranks (torchrun) name the file with "{rank}".
-    with open(os.environ["SHMCOLL_TEST_REPORT"].replace("{rank}", str(dist.get_rank())), "w") as f:
-        json.dump(report, f)
     if dist.is_initialized():
         dist.destroy_process_group()
+    # Every group is gone: none of its segments may still be mapped or open here.
+    report = {"cases": cases.results, "leaks": leaks.new_references(before), **extra}
+    # Launchers that share one environment among ranks (torchrun) name the file with "{rank}".
+    with open(os.environ["SHMCOLL_TEST_REPORT"].replace("{rank}", str(rank)), "w") as f:
+        json.dump(report, f)
     return 0
 
 
