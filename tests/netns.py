@@ -68,6 +68,19 @@ def make_pair() -> NetnsPair:
     return pair
 
 
+def shape(pair: NetnsPair, rate: str | None) -> None:
+    """Give the link a bandwidth (tc's units, e.g. "1gbit"): a veth moves bytes at memory speed.
+
+    A token bucket on each end, since a qdisc shapes only what leaves its interface (one
+    direction each). None or "unshaped": no qdisc.
+    """
+    if rate is None or rate == "unshaped":
+        return
+    for node, interface in enumerate(pair.interfaces):
+        _run([*pair.exec_prefix(node), "tc", "qdisc", "add", "dev", interface, "root", "tbf",
+              "rate", rate, "burst", "256kb", "latency", "100ms"])
+
+
 def remove_pair(pair: NetnsPair) -> None:
     """Delete both namespaces (and so the veth pair); quiet about what was never made."""
     for ns in pair.namespaces:
