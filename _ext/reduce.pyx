@@ -362,3 +362,12 @@ cdef class Schedule:
             addr += part
             n -= part
             k += 1
+
+
+def combine(uintptr_t kernel, uintptr_t out, uintptr_t first, uintptr_t rows, Py_ssize_t nrows,
+            Py_ssize_t row_stride, Py_ssize_t count, int64_t op, double scale):
+    """``out`` = ``first`` op rows[0] op ... op rows[nrows - 1], ``count`` elements each, rows
+    ``row_stride`` elements apart, with the GIL released: private buffers (the partial results of
+    several nodes) reduced by the kernel every schedule calls, in the same order (first, then rows)."""
+    with nogil:
+        (<kernel_t>kernel)(<void *>out, <void *>first, <void *>rows, nrows, row_stride, count, op, scale)

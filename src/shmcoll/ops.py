@@ -63,21 +63,22 @@ class Op(NamedTuple):
     kernel: int  # shmcoll.kernel_abi op code
     average: bool  # the kernel divides the sum by its ``scale`` argument (the rank count)
     code: int
+    gloo: ReduceOp  # what Gloo applies to partial results between nodes (AVG: SUM, divided after)
 
 
 def _op_table():
     R = ReduceOp.RedOpType
     table = [
-        (R.SUM, "sum", kernel_abi.SUM, False),
-        (R.PRODUCT, "product", kernel_abi.PRODUCT, False),
-        (R.MIN, "min", kernel_abi.MIN, False),
-        (R.MAX, "max", kernel_abi.MAX, False),
-        (R.BAND, "band", kernel_abi.BAND, False),
-        (R.BOR, "bor", kernel_abi.BOR, False),
-        (R.BXOR, "bxor", kernel_abi.BXOR, False),
-        (R.AVG, "avg", kernel_abi.AVG, True),
+        (R.SUM, "sum", kernel_abi.SUM, False, ReduceOp.SUM),
+        (R.PRODUCT, "product", kernel_abi.PRODUCT, False, ReduceOp.PRODUCT),
+        (R.MIN, "min", kernel_abi.MIN, False, ReduceOp.MIN),
+        (R.MAX, "max", kernel_abi.MAX, False, ReduceOp.MAX),
+        (R.BAND, "band", kernel_abi.BAND, False, ReduceOp.BAND),
+        (R.BOR, "bor", kernel_abi.BOR, False, ReduceOp.BOR),
+        (R.BXOR, "bxor", kernel_abi.BXOR, False, ReduceOp.BXOR),
+        (R.AVG, "avg", kernel_abi.AVG, True, ReduceOp.SUM),
     ]
-    return {t: Op(name, kern, avg, code) for code, (t, name, kern, avg) in enumerate(table, start=1)}
+    return {t: Op(name, kern, avg, code, gloo) for code, (t, name, kern, avg, gloo) in enumerate(table, start=1)}
 
 
 _OPS = _op_table()
@@ -140,6 +141,23 @@ class Reduction(NamedTuple):
         """What follows the collective on a rank that holds a result."""
         if self.int_average:
             tensor.div_(self.size, rounding_mode="trunc")
+
+    @property
+    def across(self) -> tuple[int, float]:
+        """(kernel op, scale) of the partial reductions of a plan across nodes: AVG is a SUM there,
+        divided by the group size at the end (``average``); PREMUL_SUM's factor is linear, so it
+        applies to the first partials (those of each node), and later ones use 1.0."""
+        return (kernel_abi.SUM, 1.0) if self.op.average else (self.op.kernel, self.scale)
+
+    def average(self, tensor: torch.Tensor) -> None:
+        """An AVG's sum over the group -> its mean, rounded once (as Gloo and the arena kernels do);
+        nothing for other ops."""
+        if not self.op.average:
+            return
+        if tensor.dtype in (torch.float16, torch.bfloat16):
+            tensor.copy_(tensor.float().div_(self.size))
+        else:
+            tensor.div_(self.size)
 
     def local(self, tensor: torch.Tensor) -> None:
         """The reduction over one rank, in place: only PREMUL_SUM's factor changes anything."""

@@ -2,7 +2,7 @@
 
 Correct first: every call waits for Gloo before returning (the backend's
 progress engine provides asynchrony and issue order). Reductions map to what
-Gloo computes (``gloo_op``): AVG is Gloo's SUM divided afterwards, PREMUL_SUM
+Gloo computes (``Op.gloo``): AVG is Gloo's SUM divided afterwards, PREMUL_SUM
 multiplies the input by its factor first; complex tensors travel as their real
 view; non-contiguous tensors through a contiguous stand-in.
 """
@@ -15,29 +15,24 @@ from shmcoll import ops
 from shmcoll._torch_compat import AllgatherOptions
 from shmcoll.staging import staged, staged_empty, unstage
 
-# Our op (shmcoll.ops name) -> the ReduceOp Gloo applies to the partial results.
-_GLOO_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT,
-             "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "band": dist.ReduceOp.BAND,
-             "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
-
-
-def gloo_op(red: ops.Reduction):
-    return _GLOO_OPS[red.op.name]
-
-
-def finish_average(tensor: torch.Tensor, size: int) -> None:
-    """SUM -> mean over ``size`` ranks, rounded once (as Gloo and the arena kernels do)."""
-    if tensor.dtype in (torch.float16, torch.bfloat16):
-        tensor.copy_(tensor.float().div_(size))
-    else:
-        tensor.div_(size)
-
-
 def _premultiplied(work: torch.Tensor, red: ops.Reduction) -> torch.Tensor:
     """What this rank contributes to Gloo's reduction: the input, times PREMUL_SUM's factor."""
     if red.scale != 1.0 and not red.op.average:
         return work * red.scale
     return work
+
+
+# Tags on the group: a user's point-to-point message with tag t travels with tag 2t, the plans' own
+# messages (``placement.across``, ``Shape.pairs``) with PLAN_TAG, odd, so that neither can match the other.
+PLAN_TAG = 1
+_USER_TAGS = 1 << 30
+
+
+def _user_tag(tag: int) -> int:
+    if not 0 <= tag < _USER_TAGS:
+        raise ValueError(f"the shm backend takes point-to-point tags from 0 to {_USER_TAGS - 1} between nodes, "
+                         f"got {tag}")
+    return 2 * tag
 
 
 class Flat:
@@ -48,20 +43,16 @@ class Flat:
         self.rank = rank
         self.size = size
 
-    def _finish(self, work: torch.Tensor, red: ops.Reduction) -> None:
-        if red.op.average:
-            finish_average(work, self.size)
-
     def allreduce(self, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
         flat = red.view(tensor)
         work = staged(flat)
         data = _premultiplied(work, red)
         opts = dist.AllreduceOptions()
-        opts.reduceOp = gloo_op(red)
+        opts.reduceOp = red.op.gloo
         self.group.allreduce([data], opts).wait()
         if data is not work:
             work.copy_(data)
-        self._finish(work, red)
+        red.average(work)
         unstage(flat, work)
 
     def reduce(self, tensor: torch.Tensor, root: int, red: ops.Reduction, desc: int) -> None:
@@ -71,13 +62,13 @@ class Flat:
         if data is work and self.rank != root:
             data = work.clone()  # Gloo may use a non-root's buffer as scratch; the caller's stays as it was
         opts = dist.ReduceOptions()
-        opts.reduceOp = gloo_op(red)
+        opts.reduceOp = red.op.gloo
         opts.rootRank = root
         self.group.reduce([data], opts).wait()
         if self.rank == root:
             if data is not work:
                 work.copy_(data)
-            self._finish(work, red)
+            red.average(work)
             unstage(flat, work)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
@@ -85,9 +76,9 @@ class Flat:
         source = _premultiplied(red.view(input), red)
         target = staged_empty(out)
         opts = dist.ReduceScatterOptions()
-        opts.reduceOp = gloo_op(red)
+        opts.reduceOp = red.op.gloo
         self.group._reduce_scatter_base(target.view(-1), source.reshape(-1), opts).wait()
-        self._finish(target, red)
+        red.average(target)
         unstage(out, target)
 
     def broadcast(self, tensor: torch.Tensor, root: int, desc: int) -> None:
@@ -125,10 +116,16 @@ class Flat:
         unstage(output, target)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], desc: int) -> None:
-        targets = [staged_empty(out) for out in outputs]
-        self.group.alltoall(targets, [t.contiguous() for t in inputs], dist.AllToAllOptions()).wait()
-        for out, target in zip(outputs, targets):
-            unstage(out, target)
+        # As one all_to_all_single of bytes: Gloo's list form refuses tensors of different sizes.
+        source = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in inputs])
+        target = torch.empty(sum(t.numel() * t.element_size() for t in outputs), dtype=torch.uint8)
+        self.group.alltoall_base(target, source, [t.numel() * t.element_size() for t in outputs],
+                                 [t.numel() * t.element_size() for t in inputs], dist.AllToAllOptions()).wait()
+        offset = 0
+        for out in outputs:
+            n = out.numel() * out.element_size()
+            out.copy_(target[offset:offset + n].view(out.dtype).view(out.shape))
+            offset += n
 
     def alltoall_single(self, output: torch.Tensor, input: torch.Tensor, out_blocks, in_blocks, desc: int) -> None:
         target = staged_empty(output)
@@ -142,12 +139,16 @@ class Flat:
         self.group.barrier().wait()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int):
-        return self.group.send([tensor.contiguous()], dst, tag)
+        return self.group.send([tensor.contiguous()], dst, _user_tag(tag))
 
     def recv(self, tensor: torch.Tensor, src: int | None, tag: int):
         if src is None:
-            return self.group.recv_anysource([tensor], tag)
-        return self.group.recv([tensor], src, tag)
+            return self.group.recv_anysource([tensor], _user_tag(tag))
+        return self.group.recv([tensor], src, _user_tag(tag))
+
+    def drop(self) -> None:
+        """Let go of the group without waiting (after a failure: its peers then see it close)."""
+        self.group = None
 
     def close(self) -> None:
         """Stop Gloo's threads now, while the interpreter is whole (see placement.nodes.Nodes.close)."""
