@@ -5,6 +5,7 @@ as in tests/scenarios.py.
 """
 from __future__ import annotations
 
+import os
 
 import torch
 import torch.distributed as dist
@@ -13,8 +14,9 @@ from tests.scenarios import (R, _data, _equal, check_all_gather_into_tensor, che
                              make_input, reference_reduce)
 
 # Environment of the multi-node jobs: a 4 KiB chunk reaches the multi-chunk paths with
-# small inputs; the matrix's 5003 elements exceed it.
-SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
+# small inputs, and 4 KiB segments the pipelines of several segments; the matrix's 5003
+# elements exceed both.
+SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024", "SHMCOLL_SEGMENT_BYTES": "4096"}
 
 
 def _backend(group=None):
@@ -99,7 +101,7 @@ def matrix(cases, big: str = "5003"):
 
     cases.run("barrier", check_barrier, rank, world)
 
-    # Operations with no hierarchical plan: the flat Gloo group.
+    # all_to_all: even and uneven splits (some blocks empty), list form; gather, scatter and reduce at every root.
     def all_to_all_single():
         n = 3
         inp = torch.arange(world * n, dtype=torch.float32) + 100 * rank
@@ -111,16 +113,110 @@ def matrix(cases, big: str = "5003"):
 
     cases.run("all_to_all_single", all_to_all_single)
 
-    def gather():
-        root = world - 1
-        tensor = _data("gather", rank, torch.float32, 13)
-        outs = [torch.zeros(13) for _ in range(world)] if rank == root else None
-        dist.gather(tensor, outs, dst=root)
-        if rank == root:
-            for r in range(world):
-                _equal(outs[r], _data("gather", r, torch.float32, 13), f"gather slot {r}")
+    for unit in (1, 7, int(big)):
+        case = f"all_to_all_single/splits/rows={unit}"
 
-    cases.run("gather", gather)
+        def all_to_all_splits():
+            table = [[(r + j + unit) % 3 * unit for j in range(world)] for r in range(world)]  # some zero
+            send, recv = table[rank], [table[r][rank] for r in range(world)]
+            data = _data(case, rank, torch.float32, sum(send) * 2).reshape(-1, 2)
+            out = torch.full((sum(recv), 2), -1.0)
+            dist.all_to_all_single(out, data, output_split_sizes=recv, input_split_sizes=send)
+            pieces = []
+            for r in range(world):
+                theirs = _data(case, r, torch.float32, sum(table[r]) * 2).reshape(-1, 2)
+                start = sum(table[r][:rank])
+                pieces.append(theirs[start:start + table[r][rank]])
+            _equal(out, torch.cat(pieces), "all_to_all_single with splits")
+
+        cases.run(case, all_to_all_splits)
+
+        case = f"all_to_all/n={unit}"
+
+        def all_to_all_list():
+            def count(src, dst):
+                return unit * (1 + (src + dst) % 2)
+
+            ins = [_data(f"{case}/{rank}->{j}", rank, torch.int64, count(rank, j)) for j in range(world)]
+            outs = [torch.zeros(count(r, rank), dtype=torch.int64) for r in range(world)]
+            dist.all_to_all(outs, ins)
+            for r in range(world):
+                _equal(outs[r], _data(f"{case}/{r}->{rank}", r, torch.int64, count(r, rank)), f"all_to_all from {r}")
+
+        cases.run(case, all_to_all_list)
+
+        for root in range(world):
+            case = f"gather/n={unit}/root={root}"
+
+            def gather():
+                tensor = _data(case, rank, torch.float32, unit)
+                outs = [torch.zeros(unit) for _ in range(world)] if rank == root else None
+                dist.gather(tensor, outs, dst=root)
+                if rank == root:
+                    for r in range(world):
+                        _equal(outs[r], _data(case, r, torch.float32, unit), f"gather slot {r}")
+
+            cases.run(case, gather)
+
+            case = f"scatter/n={unit}/root={root}"
+
+            def scatter():
+                out = torch.zeros(unit, dtype=torch.bfloat16)
+                ins = [_data(case, r, torch.bfloat16, unit) for r in range(world)] if rank == root else None
+                dist.scatter(out, ins, src=root)
+                _equal(out, _data(case, rank, torch.bfloat16, unit), "scatter")
+
+            cases.run(case, scatter)
+
+            case = f"reduce/n={unit}/root={root}"
+
+            def reduce():
+                inputs = [make_input(case, r, torch.float32, unit) for r in range(world)]
+                t = inputs[rank].clone()
+                dist.reduce(t, dst=root)
+                expected = reference_reduce(inputs, "sum", torch.float32) if rank == root else inputs[rank]
+                _equal(t, expected, "reduce")
+
+            cases.run(case, reduce)
+
+    def all_to_all_sizes_disagree():
+        # Rank 0 expects one row more from the last rank (on another node) than it sends: every rank raises
+        # the same error before any data moves (Gloo itself would end the process), and the group goes on.
+        recv = [2] * world
+        if rank == 0:
+            recv[-1] += 1
+        try:
+            dist.all_to_all_single(torch.zeros(sum(recv)), torch.ones(2 * world), output_split_sizes=recv,
+                                   input_split_sizes=[2] * world)
+        except ValueError as error:
+            assert f"rank {world - 1} sends 8 bytes to rank 0, which expects 12 bytes" in str(error), error
+        else:
+            raise AssertionError("sizes that disagree were not refused")
+        all_to_all_single()
+
+    cases.run("all_to_all_single/sizes_disagree", all_to_all_sizes_disagree)
+
+    def all_to_all_small_and_large_senders():
+        # Even ranks send a row to each rank, odd ranks 300 (above SHMCOLL_SMALL_BYTES): with the ranks
+        # interleaved, one node's leader carries its blocks with its sizes and the other's does not.
+        rows = [1 if r % 2 == 0 else 300 for r in range(world)]
+        data = _data("mixed-a2a", rank, torch.float32, rows[rank] * world * 2).reshape(-1, 2)
+        out = torch.full((sum(rows), 2), -1.0)
+        dist.all_to_all_single(out, data, output_split_sizes=rows, input_split_sizes=[rows[rank]] * world)
+        expected = torch.cat([_data("mixed-a2a", r, torch.float32, rows[r] * world * 2).reshape(-1, 2)
+                              [rank * rows[r]:(rank + 1) * rows[r]] for r in range(world)])
+        _equal(out, expected, "all_to_all_single, small and large senders")
+
+    cases.run("all_to_all_single/small_and_large_senders", all_to_all_small_and_large_senders)
+
+    def gather_strided_outputs():
+        grid = torch.zeros(101, world)
+        dist.gather(_data("gstrided", rank, torch.float32, 101), [grid[:, r] for r in range(world)] if rank == 0
+                    else None, dst=0)
+        for r in range(world if rank == 0 else 0):
+            _equal(grid[:, r], _data("gstrided", r, torch.float32, 101), f"strided output {r}")
+
+    cases.run("gather/strided_outputs", gather_strided_outputs)
 
     def all_gather_list():
         outs = [torch.zeros(9, dtype=torch.int64) for _ in range(world)]
@@ -204,3 +300,83 @@ def subgroups(cases, big: str = "5003"):
 
                     cases.run(case, broadcast)
     return {"layouts": layouts}
+
+
+# What each plan must send from a node to the other, per call, in a job of two nodes: the bytes of
+# every collective of ``link_bytes`` (S: the size below) that the best plan moves across the link.
+LINK_BYTES_PER_CALL = {  # op -> (fraction of S that node 0 sends, that node 1 sends)
+    "all_reduce": (1, 1), "broadcast": (1, 0), "reduce": (0, 1), "all_gather_into_tensor": (0.5, 0.5),
+    "reduce_scatter_tensor": (0.5, 0.5), "gather": (0, 0.5), "scatter": (0.5, 0), "all_to_all_single": (1, 1),
+    "barrier": (0, 0),
+}
+
+
+def link_bytes(cases, size: str = "4194304", calls: str = "4"):
+    """Each collective of LINK_BYTES_PER_CALL on S bytes (the nccl-tests size: the tensor, the gathered
+    output, the scattered input, each rank's all_to_all input), correct against a local reference; local rank 0 of each node reports its
+    veth end's transmitted bytes per call ($GLOO_SOCKET_IFNAME: two nodes in two network namespaces)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    S, calls = int(size), int(calls)
+    per_rank = S // 4 // world  # float32 elements of one rank's block
+    counter = f"/sys/class/net/{os.environ['GLOO_SOCKET_IFNAME']}/statistics/tx_bytes"
+    sent = {}
+
+    def run(op):
+        if op == "all_reduce":
+            t = _data("lb", rank, torch.float32, S // 4)
+            dist.all_reduce(t)
+            return t, reference_reduce([_data("lb", r, torch.float32, S // 4) for r in range(world)], "sum",
+                                       torch.float32)
+        if op == "broadcast":
+            t = _data("lb", 0, torch.float32, S // 4) if rank == 0 else torch.zeros(S // 4)
+            dist.broadcast(t, 0)
+            return t, _data("lb", 0, torch.float32, S // 4)
+        if op == "reduce":
+            t = _data("lb", rank, torch.float32, S // 4)
+            dist.reduce(t, 0)
+            expected = reference_reduce([_data("lb", r, torch.float32, S // 4) for r in range(world)], "sum",
+                                        torch.float32)
+            return (t, expected) if rank == 0 else (t, _data("lb", rank, torch.float32, S // 4))
+        if op == "all_gather_into_tensor":
+            out = torch.zeros(world * per_rank)
+            dist.all_gather_into_tensor(out, _data("lb", rank, torch.float32, per_rank))
+            return out, torch.cat([_data("lb", r, torch.float32, per_rank) for r in range(world)])
+        if op == "reduce_scatter_tensor":
+            out = torch.zeros(per_rank)
+            dist.reduce_scatter_tensor(out, _data("lb", rank, torch.float32, world * per_rank))
+            whole = reference_reduce([_data("lb", r, torch.float32, world * per_rank) for r in range(world)], "sum",
+                                     torch.float32)
+            return out, whole[rank * per_rank:(rank + 1) * per_rank]
+        if op == "gather":
+            outs = [torch.zeros(per_rank) for _ in range(world)] if rank == 0 else None
+            dist.gather(_data("lb", rank, torch.float32, per_rank), outs, dst=0)
+            if rank != 0:
+                return torch.zeros(0), torch.zeros(0)
+            return torch.cat(outs), torch.cat([_data("lb", r, torch.float32, per_rank) for r in range(world)])
+        if op == "scatter":
+            out = torch.zeros(per_rank)
+            ins = [_data("lb", r, torch.float32, per_rank) for r in range(world)] if rank == 0 else None
+            dist.scatter(out, ins, src=0)
+            return out, _data("lb", rank, torch.float32, per_rank)
+        if op == "all_to_all_single":
+            out = torch.zeros(S // 4)
+            dist.all_to_all_single(out, _data("lb", rank, torch.float32, S // 4))
+            part = S // 4 // world
+            return out, torch.cat([_data("lb", r, torch.float32, S // 4)[rank * part:(rank + 1) * part]
+                                   for r in range(world)])
+        dist.barrier()
+        return torch.zeros(0), torch.zeros(0)
+
+    for op in LINK_BYTES_PER_CALL:
+        def measure(op=op):
+            result, expected = run(op)  # once outside the count: nothing left from what came before
+            _equal(result, expected, op)
+            dist.barrier()
+            before = int(open(counter).read())
+            for _ in range(calls):
+                run(op)
+            dist.barrier()
+            sent[op] = (int(open(counter).read()) - before) / calls
+
+        cases.run(f"link_bytes/{op}", measure)
+    return {**_layout(_backend()), "sent_per_call": sent, "size": S}

@@ -5,7 +5,8 @@ import pytest
 from tests.harness import assert_job_passes, spawn
 
 DEFAULTS = {"SHMCOLL_CHUNK_BYTES": 512 * 1024, "SHMCOLL_P2P_BYTES": 64 * 1024,
-            "SHMCOLL_SMALL_BYTES": 64 * 1024, "SHMCOLL_THREAD_BYTES": 512 * 1024}
+            "SHMCOLL_SMALL_BYTES": 64 * 1024, "SHMCOLL_THREAD_BYTES": 512 * 1024,
+            "SHMCOLL_SEGMENT_BYTES": 2 * 1024 * 1024}
 
 
 # (variable, value on one rank, that rank): smaller on a rank that attaches, larger on the creator.

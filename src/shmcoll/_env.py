@@ -33,6 +33,7 @@ class Settings:
     p2p_bytes: int = field(default=64 * KiB, metadata=GROUP_WIDE)
     threads: int | None = None  # lanes per rank; None: torch.get_num_threads() (the node agrees on the least)
     thread_bytes: int = field(default=512 * KiB, metadata=GROUP_WIDE)  # least bytes per lane
+    segment_bytes: int = field(default=2 * MiB, metadata=GROUP_WIDE)  # across nodes: bytes per pipeline segment
     spin_us: float | None = None
     yield_us: float | None = None
     hostid: str | None = None
@@ -49,6 +50,7 @@ _PARSERS = {
     "p2p_bytes": ("SHMCOLL_P2P_BYTES", _bytes),
     "threads": ("SHMCOLL_THREADS", int),
     "thread_bytes": ("SHMCOLL_THREAD_BYTES", _bytes),
+    "segment_bytes": ("SHMCOLL_SEGMENT_BYTES", _bytes),
     "spin_us": ("SHMCOLL_SPIN_US", float),
     "yield_us": ("SHMCOLL_YIELD_US", float),
     "hostid": ("SHMCOLL_HOSTID", str),
@@ -75,6 +77,8 @@ def read_settings(environ=os.environ) -> Settings:
         raise ValueError(f"SHMCOLL_THREADS={settings.threads} must be at least 1")
     if settings.thread_bytes < 4 * KiB:
         raise ValueError(f"SHMCOLL_THREAD_BYTES={settings.thread_bytes} must be at least 4096")
+    if settings.segment_bytes < 1 * KiB:
+        raise ValueError(f"SHMCOLL_SEGMENT_BYTES={settings.segment_bytes} must be at least 1024")
     if settings.p2p_bytes < 1 * KiB or settings.p2p_bytes % 128:
         raise ValueError(f"SHMCOLL_P2P_BYTES={settings.p2p_bytes} must be a multiple of 128, at least 1024")
     return settings

@@ -29,5 +29,10 @@ class PeerAttachError(ShmcollError):
     """Another local rank could not map the arena that this rank created or mapped."""
 
 
+class SizesDisagreeError(ValueError):
+    """Ranks passed sizes that do not fit together (an all_to_all's splits), found by every rank alike before
+    any data moved: every rank raises it, and the group stays usable (not a ShmcollError)."""
+
+
 class InterNodeError(ShmcollError):
     """A hierarchical plan failed part-way (a Gloo call between nodes, or a local peer that gave up on it)."""

@@ -15,6 +15,7 @@ reads part j of every slot.
 import numpy as np
 
 from shmcoll._copy import copy
+from shmcoll.errors import SizesDisagreeError
 
 
 def alltoall(arena, send, recv, desc: int) -> None:
@@ -54,6 +55,6 @@ def _agreed_longest(arena, buf: int) -> int:
     sends, recvs = table[:, :size], table[:, size:].T  # sends[a, b] and recvs[a, b]: bytes from a to b
     if not np.array_equal(sends, recvs):
         a, b = (int(x) for x in np.argwhere(sends != recvs)[0])
-        raise ValueError(f"all_to_all split sizes disagree: rank {arena.ranks[a]} sends {int(sends[a, b])} "
+        raise SizesDisagreeError(f"all_to_all split sizes disagree: rank {arena.ranks[a]} sends {int(sends[a, b])} "
                          f"bytes to rank {arena.ranks[b]}, which expects {int(recvs[a, b])} bytes from it")
     return int(sends.max())

@@ -114,4 +114,4 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
     if topo.single_node:
         count = lanes.agree(store, keys, rank, topo.local_ranks, lanes_wanted(settings))
         return OneNode(arena, rank, settings, waits, lanes.Lanes(arena, count, settings.thread_bytes, f"rank{rank}"))
-    return Nodes(store, rank, size, timeout, topo, arena, keys, waits)
+    return Nodes(store, rank, size, timeout, topo, arena, keys, waits, settings)

@@ -1,0 +1,17 @@
+"""Collectives across nodes, each a pipeline of named stages (after Open MPI's coll/han).
+
+Every plan is written over two kinds of stage:
+
+  node stages   (``stages``)   shared memory inside this rank's node: the arena's schedules
+  network       (``network``)  Gloo between nodes, on a *rail* (local rank i of every node) or
+                               between the nodes' *leaders* (rail 0), started asynchronously
+
+and lives in a module of its own: allreduce, allgather, reduce_scatter, broadcast, reduce,
+gather, scatter, alltoall, barrier. A large message is cut into segments that flow through
+the stages, so the node works on one segment while the network carries another; a small one
+takes the fewest network exchanges (its node's partial result, one exchange between the
+nodes' leaders, the node's copy back).
+
+``shape.Shape`` (built once per group) is what every plan reads: the nodes, this rank's
+place, its rail, the index tables.
+"""

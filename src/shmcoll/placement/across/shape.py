@@ -1,0 +1,63 @@
+"""A group across nodes as its plans see it, decided once when the group is made."""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from shmcoll.placement.across.network import Link
+from shmcoll.placement.flat import PLAN_TAG
+
+class Shape:
+    """Nodes, this rank's place among them, its rail, and the tables the plans index.
+
+    Terms: *node* (the group ranks that share a host identity, nodes ordered by their lowest rank,
+    a node's ranks by rank; N nodes), *local rank* (a rank's position in its node), *rail* (local
+    rank i of every node that has one: a Gloo group; all rails run at once), *leaders* (the nodes'
+    local rank 0: rail 0, which every node is on).
+    """
+
+    def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str, settings):
+        self.rank, self.size = rank, size
+        self.nodes = topo.nodes
+        self.node = topo.node
+        self.local_ranks = topo.local_ranks
+        self.local_rank = self.local_ranks.index(rank)
+        self.local_size = len(self.local_ranks)
+        self.arena = arena  # this node's arena; None when this rank is alone on its node
+        # Plans that need every node to hold the same number of ranks (the rails then carry equal shares).
+        self.uniform = len({len(ranks) for ranks in self.nodes}) == 1
+        # All-reduces up to this size cross between the leaders in one exchange; larger ones on every rail.
+        self.small_bytes = settings.small_bytes
+        self.one_shot_bytes = min(settings.small_bytes, settings.chunk_bytes)  # of a node stage
+        self.segment_bytes = settings.segment_bytes  # of a message, per pipeline segment (``pipeline``)
+        # stride[n]: the group ranks of node n are nodes[n][0] + l * stride[n] (None: no such stride), so that
+        # a node stage writes local rank l's block of a rank-ordered output with one strided schedule.
+        self.stride = [_stride(ranks) for ranks in self.nodes]
+        self.where = {r: (n, l) for n, ranks in enumerate(self.nodes) for l, r in enumerate(ranks)}
+        # rail_nodes[i]: the nodes on rail i, in node order (a node's position on the rail is its index there).
+        self.rail_nodes = [[n for n, ranks in enumerate(self.nodes) if len(ranks) > i]
+                           for i in range(max(len(ranks) for ranks in self.nodes))]
+        # A Gloo group over all ranks, for direct messages between any two ranks (and ``placement.flat``).
+        self.pairs = Link(rank, self.node, dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/flat", store), rank, size,
+                                                                 timeout), "the group of all ranks",
+                          list(range(size)), rank, tag=PLAN_TAG)
+        members = self.rail_nodes[self.local_rank]
+        self.rail = None  # this rank's Link to its rail, if another node is on it
+        if len(members) > 1:
+            group = dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/rail/{self.local_rank}", store),
+                                          members.index(self.node), len(members), timeout)
+            self.rail = Link(rank, self.node, group, f"rail {self.local_rank}",
+                             [self.nodes[n][self.local_rank] for n in members], members.index(self.node))
+
+    def rank_of(self, node: int, local_rank: int) -> int:
+        return self.nodes[node][local_rank]
+
+    def node_of(self, rank: int) -> tuple[int, int]:
+        """(node, local rank) of a group rank."""
+        return self.where[rank]
+
+
+def _stride(ranks: list[int]) -> int | None:
+    if len(ranks) == 1:
+        return 1
+    step = ranks[1] - ranks[0]
+    return step if all(b - a == step for a, b in zip(ranks, ranks[1:])) else None
