@@ -115,10 +115,10 @@ class Nodes(OnArena):
     def allgather(self, outputs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
         if not self.shape.uniform:
             return self.flat.allgather(outputs, input, desc)
-        whole = torch.empty((self.size, *input.shape), dtype=input.dtype)
-        _allgather.allgather_into(self.shape, whole, input, desc)
-        for out, part in zip(outputs, whole):
-            out.copy_(part)
+        targets = [staged_empty(out) for out in outputs]
+        _allgather.allgather(self.shape, [_bytes(t) for t in targets], input, desc)
+        for out, target in zip(outputs, targets):
+            unstage(out, target)
 
     def allgather_windows(self, input: torch.Tensor, unit: int, consume, desc: int) -> None:
         allgather_whole(self, self.size, input, consume, desc)

@@ -22,26 +22,34 @@ from shmcoll.staging import staged_empty, unstage
 
 def allgather_into(shape, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
     """Nodes of equal size; ``output`` holds every rank's ``input`` in rank order."""
+    target = staged_empty(output)
+    out = target.reshape(-1).view(torch.uint8)
+    nbytes = input.numel() * input.element_size()
+    allgather(shape, [out[r * nbytes:(r + 1) * nbytes] for r in range(shape.size)], input, desc)
+    unstage(output, target)
+
+
+def allgather(shape, outs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
+    """Nodes of equal size; ``outs[r]``: a contiguous uint8 view that receives rank r's ``input``."""
     source = input.contiguous().reshape(-1).view(torch.uint8)
     nbytes = source.numel()
     if nbytes == 0:
         return
-    target = staged_empty(output)
-    out = target.reshape(-1).view(torch.uint8)
-    if out.numel() <= shape.small_bytes:
-        _by_leaders(shape, out, source, desc)
-        return unstage(output, target)
-    base, link, me = out.data_ptr(), shape.rail, shape.local_rank
+    if nbytes * shape.size <= shape.small_bytes:
+        return _by_leaders(shape, outs, source, desc)
+    link, me = shape.rail, shape.local_rank
+    addresses = [t.data_ptr() for t in outs]
     nodes = range(len(shape.nodes))
     own = torch.empty(min(nbytes, shape.segment_bytes), dtype=torch.uint8)  # Gloo's copy of our own block
 
     def node_stage(node: int, addr: int, lo: int, n: int) -> None:
         """Every local rank l's ``n`` bytes at ``addr`` to byte ``lo`` of rank (``node``, l)'s block."""
-        ranks, stride = shape.nodes[node], shape.stride[node]
-        if stride is not None:
-            stages.allgather(shape, addr, n, base + ranks[0] * nbytes + lo, stride * nbytes, desc)
+        at = [addresses[r] + lo for r in shape.nodes[node]]
+        stride = at[1] - at[0] if len(at) > 1 else 0
+        if all(b - a == stride for a, b in zip(at, at[1:])):
+            stages.allgather(shape, addr, n, at[0], stride, desc)
         else:
-            stages.allgather_to(shape, addr, n, [base + r * nbytes + lo for r in ranks], desc)
+            stages.allgather_to(shape, addr, n, at, desc)
 
     def own_node(cut):
         lo, hi = cut
@@ -49,30 +57,31 @@ def allgather_into(shape, output: torch.Tensor, input: torch.Tensor, desc: int) 
 
     def rail(cut):
         lo, hi = cut
-        blocks = [own[:hi - lo] if n == shape.node else out[shape.rank_of(n, me) * nbytes + lo:][:hi - lo]
-                  for n in nodes]
+        blocks = [own[:hi - lo] if n == shape.node else outs[shape.rank_of(n, me)][lo:hi] for n in nodes]
         return link.allgather(blocks, source[lo:hi])
 
     def other_nodes(cut):
         lo, hi = cut
         for n in nodes:
             if n != shape.node:
-                node_stage(n, base + shape.rank_of(n, me) * nbytes + lo, lo, hi - lo)
+                node_stage(n, addresses[shape.rank_of(n, me)] + lo, lo, hi - lo)
 
     per_segment = max(1, shape.segment_bytes // shape.size)
     pipeline.run(link, pipeline.segments(nbytes, per_segment), own_node, rail, other_nodes)
-    unstage(output, target)
 
 
-def _by_leaders(shape, out: torch.Tensor, source: torch.Tensor, desc: int) -> None:
-    nbytes, base = source.numel(), out.data_ptr()
-    blocks = out.view(shape.size, nbytes)
+def _by_leaders(shape, outs: list[torch.Tensor], source: torch.Tensor, desc: int) -> None:
+    """The node's blocks gathered on its leader, one exchange between the leaders, the node's broadcast."""
+    nbytes = source.numel()
+    whole = torch.empty((shape.size, nbytes), dtype=torch.uint8)  # small: one copy out at the end
     ours = shape.local_ranks
-    stages.gather(shape, source.data_ptr(), nbytes, 0, [base + r * nbytes for r in ours], desc)
+    stages.gather(shape, source.data_ptr(), nbytes, 0, [whole[r].data_ptr() for r in ours], desc)
     if shape.local_rank == 0:
         others = [m for m in range(len(shape.nodes)) if m != shape.node]
         inbound = {m: torch.empty((len(shape.nodes[m]), nbytes), dtype=torch.uint8) for m in others}
-        shape.rail.exchange(blocks[ours], inbound)
+        shape.rail.exchange(whole[ours], inbound)
         for m in others:
-            blocks[shape.nodes[m]] = inbound[m]
-    stages.broadcast(shape, base, out.numel(), 0, desc)
+            whole[shape.nodes[m]] = inbound[m]
+    stages.broadcast(shape, whole.data_ptr(), whole.numel(), 0, desc)
+    for out, part in zip(outs, whole):
+        out.copy_(part)
