@@ -380,3 +380,30 @@ def link_bytes(cases, size: str = "4194304", calls: str = "4"):
 
         cases.run(f"link_bytes/{op}", measure)
     return {**_layout(_backend()), "sent_per_call": sent, "size": S}
+
+
+def alltoall_sizes(cases):
+    """all_to_all_single at the default SHMCOLL_SMALL_BYTES, sizes growing and shrinking (the leaders' headers
+    learn their room from the last call: blocks that outgrow it follow the header, later ones ride in it),
+    uneven per sender, against the inputs themselves."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for step, rows in enumerate((1, 500, 500, 7000, 3, 5000, 5000, 20000)):
+        case = f"all_to_all_single/step={step}/rows={rows}"
+
+        def run():
+            def count(src, dst):  # rows from src to dst: some zero, some uneven
+                return (src * 3 + dst) % 4 * rows // 2
+
+            send = [count(rank, d) for d in range(world)]
+            recv = [count(s, rank) for s in range(world)]
+            data = _data(case, rank, torch.float32, sum(send))
+            out = torch.full((sum(recv),), -1.0)
+            dist.all_to_all_single(out, data, output_split_sizes=recv, input_split_sizes=send)
+            pieces = []
+            for s in range(world):
+                theirs = _data(case, s, torch.float32, sum(count(s, d) for d in range(world)))
+                start = sum(count(s, d) for d in range(rank))
+                pieces.append(theirs[start:start + count(s, rank)])
+            _equal(out, torch.cat(pieces), "all_to_all_single")
+
+        cases.run(case, run)

@@ -52,6 +52,13 @@ def test_sparse_all_reduce_across_nodes_matches_gloo(rank_nodes):
     assert shm_entries() - before == set()
 
 
+@pytest.mark.parametrize("rank_nodes", [[0, 0, 1, 1], [0, 1, 1]], ids=["2x2", "1+2"])
+def test_all_to_all_of_changing_sizes_across_nodes(rank_nodes):
+    """The default small size: all_to_alls that ride in the leaders' headers, follow them, or go straight."""
+    result = spawn("tests.multinode:alltoall_sizes", len(rank_nodes), rank_env=_hosts(rank_nodes), timeout=90)
+    assert_job_passes(result, min_cases=8)
+
+
 def test_one_node_creates_no_gloo_group():
     result = spawn("tests.multinode:layout_only", 2, env={"SHMCOLL_HOSTID": "same-node"}, timeout=60)
     assert_job_passes(result, min_cases=1)

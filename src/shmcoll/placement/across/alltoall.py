@@ -95,17 +95,20 @@ def _through_leaders(shape, sends, recvs, desc: int) -> bool:
 _VERDICT = 6  # int64s: bad sender + 1, its receiver, bytes sent, bytes expected, longest block, done (small)
 # What a leader's header says of its node's blocks for the receiving node.
 _NO_DATA, _DATA_FOLLOWS, _DATA_INLINE = 0, 1, 2
-# Blocks of a node whose ranks each send at most this many bytes ride inside the header, which is then
-# one message each way between two leaders (a message after it costs another round: Gloo receives by
-# rendezvous). Every header has room for them, so that its length is known to both sides.
-_INLINE_BYTES = 1024
+# Blocks of a node whose ranks each send at most ``Shape.alltoall_room`` bytes ride inside the header,
+# which is then one message each way between two leaders (a message after it costs another round: Gloo
+# receives by rendezvous). Every header has that room, so that its length is known to both sides: at
+# first this much, then what the last all_to_all's busiest rank sent (every leader derives it from the
+# same verdict, so all agree on it without a word; all_to_alls of one shape, as a model repeats them,
+# then take one round).
+_FIRST_ROOM = 1024
 
 
 def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
     """On a leader: every node's sizes, the data of a small one, the verdict and each local rank's reply.
 
     Each leader sends every other one a header of a length both sides know: its node's size table, and
-    its node's blocks for that node when every local rank's fit _INLINE_BYTES; when they fit ``cap`` only,
+    its node's blocks for that node when every local rank's fit the header's room; when they fit ``cap`` only,
     they follow in a message of their own, whose length the receiver reads in the table. So a message is
     never received with a size its sender did not give it, even where the sizes disagree (then every
     rank raises the verdict's error).
@@ -114,9 +117,11 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
     head = 2 * size * _INT64
     table = rows[:, :head].view(np.int64)  # row l: what local rank l sends to each rank, then expects
     totals = table[:, :size].sum(axis=1)
-    flag = _NO_DATA if (totals > cap).any() else _DATA_INLINE if (totals <= _INLINE_BYTES).all() else _DATA_FOLLOWS
-    starts = head + np.cumsum(table[:, :size], axis=1) - table[:, :size]  # of each block, in its row
+    room = shape.alltoall_room or _FIRST_ROOM
     others = [m for m in range(N) if m != node]
+    flag = (_NO_DATA if (totals > cap).any() else
+            _DATA_INLINE if _widest(table[:, :size], local, shape) <= room else _DATA_FOLLOWS)
+    starts = head + np.cumsum(table[:, :size], axis=1) - table[:, :size]  # of each block, in its row
 
     def ours_for(m: int) -> np.ndarray:  # our blocks for node m: by source, then destination
         return np.concatenate([rows[l, starts[l, d]:starts[l, d] + table[l, d]]
@@ -124,10 +129,10 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
 
     outbound = {m: ours_for(m) for m in others} if flag != _NO_DATA else {}
     link = shape.rail
-    headers = {m: np.zeros(_header_bytes(len(shape.nodes[m]), size), dtype=np.uint8) for m in others}
+    headers = {m: np.zeros(_header_bytes(len(shape.nodes[m]), size, room), dtype=np.uint8) for m in others}
     mine = {}
     for m in others:
-        message = mine[m] = np.zeros(_header_bytes(len(local), size), dtype=np.uint8)
+        message = mine[m] = np.zeros(_header_bytes(len(local), size, room), dtype=np.uint8)
         message[:_INT64].view(np.int64)[0] = flag
         message[_INT64:_INT64 + table.nbytes] = table.reshape(-1).view(np.uint8)
         if flag == _DATA_INLINE:
@@ -160,6 +165,7 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
         a, b = (int(x) for x in bad[0])
         verdict[:4] = [a + 1, b, int(sends[a, b]), int(expects[b, a])]
     verdict[4] = int(sends.max())
+    shape.alltoall_room = max(_FIRST_ROOM, min(cap, _widest(sends, range(size), shape)))
     small = all(f != _NO_DATA for f in flags.values()) and (expects.sum(axis=1) <= cap).all()
     if not len(bad) and verdict[4] and small:
         pieces = {}  # (source, local destination) -> bytes
@@ -179,6 +185,16 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
     replies[:, :_VERDICT * _INT64].view(np.int64)[:] = verdict
 
 
-def _header_bytes(ranks: int, size: int) -> int:
+def _widest(sends: np.ndarray, senders, shape) -> int:
+    """The most bytes one of ``senders`` (the group ranks of the rows of ``sends``) sends to one other node."""
+    widest = 0
+    for row, sender in zip(sends, senders):
+        for m, ranks in enumerate(shape.nodes):
+            if m != shape.where[sender][0]:
+                widest = max(widest, int(row[ranks].sum()))
+    return widest
+
+
+def _header_bytes(ranks: int, size: int, room: int) -> int:
     """A leader's header for a node of ``ranks`` ranks: flag, size table, room for the inline blocks."""
-    return _INT64 + ranks * 2 * size * _INT64 + ranks * _INLINE_BYTES
+    return _INT64 + ranks * 2 * size * _INT64 + ranks * room

@@ -29,6 +29,7 @@ class Shape:
         self.small_bytes = settings.small_bytes
         self.one_shot_bytes = min(settings.small_bytes, settings.chunk_bytes)  # of a node stage
         self.segment_bytes = settings.segment_bytes  # of a message, per pipeline segment (``pipeline``)
+        self.alltoall_room = None  # on a leader: bytes per rank its all_to_all headers carry (``alltoall``)
         # stride[n]: the group ranks of node n are nodes[n][0] + l * stride[n] (None: no such stride), so that
         # a node stage writes local rank l's block of a rank-ordered output with one strided schedule.
         self.stride = [_stride(ranks) for ranks in self.nodes]
