@@ -39,6 +39,9 @@ cdef class Schedule:
     cdef int me, size
     cdef Py_ssize_t buffer_bytes, chunk_bytes, stride
     cdef int64_t spin_ns, yield_ns, slice_ns
+    # After DONE: the last step this rank posted, and the highest it saw every rank reach (the arena
+    # records them: Steps.record_schedule), so no caller recomputes a schedule's step count.
+    cdef readonly uint32_t posted, reached
 
     def __cinit__(self, uintptr_t lines, int me, int size, uintptr_t data, uintptr_t scratch,
                   Py_ssize_t chunk_bytes, Py_ssize_t stride, int64_t spin_ns, int64_t yield_ns,
@@ -62,6 +65,18 @@ cdef class Schedule:
         self.spin_ns = spin_ns
         self.yield_ns = yield_ns
 
+    cdef inline void _post_step(self, uint32_t step, uint64_t desc) noexcept nogil:
+        _post(self.lines, self.me, step, desc)
+        self.posted = step
+
+    cdef inline int _all_reached(self, uint32_t step) noexcept nogil:
+        """-1 once every rank has reached ``step``; else the first rank still behind when the slice ended."""
+        cdef int behind = _wait_ranks(self.lines, 0, self.size, self.me, step, self.spin_ns, self.yield_ns,
+                                      self.slice_ns)
+        if behind < 0:
+            self.reached = step
+        return behind
+
     cdef inline char *slot(self, uint32_t step, int rank) noexcept nogil:
         """Start of ``rank``'s slot in the buffer step ``step`` uses."""
         return <char *>(self.data + (step & 1) * self.buffer_bytes + rank * self.stride)
@@ -83,8 +98,8 @@ cdef class Schedule:
                               kernel_t kernel, int64_t op, double scale, bint resume) noexcept nogil:
         if not resume:
             memcpy(self.slot(step, self.me), addr, count * itemsize)
-            _post(self.lines, self.me, step, desc)
-        if _wait_ranks(self.lines, 0, self.size, self.me, step, self.spin_ns, self.yield_ns, self.slice_ns) >= 0:
+            self._post_step(step, desc)
+        if self._all_reached(step) >= 0:
             return 0
         if _first_mismatch(self.lines, 0, self.size, step, desc) >= 0:
             return _MISMATCH
@@ -149,8 +164,7 @@ cdef class Schedule:
                 if c > 0 and not gathers and not share_reached:
                     # We skipped waiting for the last share step; the buffer we
                     # are about to write is free once every rank has reached it.
-                    behind = _wait_ranks(self.lines, 0, size, me, publish - 1,
-                                         self.spin_ns, self.yield_ns, self.slice_ns)
+                    behind = self._all_reached(publish - 1)
                     if behind >= 0:
                         return 2 * c - 1
                 if share_in_place:
@@ -158,10 +172,9 @@ cdef class Schedule:
                     memcpy(self.slot(publish, me) + hi * itemsize, mine + hi * itemsize, (n - hi) * itemsize)
                 else:
                     memcpy(self.slot(publish, me), mine, n * itemsize)
-                _post(self.lines, me, publish, desc)
+                self._post_step(publish, desc)
                 stage, share_reached = 1, 0
-                behind = _wait_ranks(self.lines, 0, size, me, publish,
-                                     self.spin_ns, self.yield_ns, self.slice_ns)
+                behind = self._all_reached(publish)
                 if behind >= 0:
                     return 2 * c
             if stage == 1:
@@ -175,14 +188,13 @@ cdef class Schedule:
                 else:
                     first, rows = self.slot(publish, 0) + lo * itemsize, self.slot(publish, 1) + lo * itemsize
                 kernel(self.slot(share, me) + lo * itemsize, first, rows, size - 1, row_stride, hi - lo, op, scale)
-                _post(self.lines, me, share, desc)
+                self._post_step(share, desc)
                 if not gathers:
                     stage = 0
                     c += 1
                     continue
                 stage = 2
-                behind = _wait_ranks(self.lines, 0, size, me, share,
-                                     self.spin_ns, self.yield_ns, self.slice_ns)
+                behind = self._all_reached(share)
                 if behind >= 0:
                     return 2 * c + 1
             # stage 2: gather every share of this chunk
@@ -231,8 +243,8 @@ cdef class Schedule:
                 slot = self.slot(step, me)
                 for k in range(size):
                     memcpy(slot + k * n * itemsize, addr + (k * block_stride + start) * itemsize, n * itemsize)
-                _post(self.lines, me, step, desc)
-                if _wait_ranks(self.lines, 0, size, me, step, self.spin_ns, self.yield_ns, self.slice_ns) >= 0:
+                self._post_step(step, desc)
+                if self._all_reached(step) >= 0:
                     return c
             if c == 0 and _first_mismatch(self.lines, 0, size, step, desc) >= 0:
                 return _MISMATCH
@@ -269,14 +281,14 @@ cdef class Schedule:
             step = <uint32_t>(base + c + 1)
             if resume != c:
                 memcpy(self.slot(step, me), addr + start, n)
-                _post(self.lines, me, step, desc)
+                self._post_step(step, desc)
                 # Our own block goes straight from the input, still in cache, while the peers
                 # catch up, rather than out of the slot after the wait: 1 MiB at 2 ranks went
                 # from 88 to 66 us; no change from 16 MiB up, where memory bandwidth bounds it.
                 # In place (the input is our block of the output): nothing to copy.
                 if mine != addr:
                     memcpy(mine + start, addr + start, n)
-                if _wait_ranks(self.lines, 0, size, me, step, self.spin_ns, self.yield_ns, self.slice_ns) >= 0:
+                if self._all_reached(step) >= 0:
                     return c
             if c == 0 and _first_mismatch(self.lines, 0, size, step, desc) >= 0:
                 return _MISMATCH
@@ -320,24 +332,22 @@ cdef class Schedule:
             step = <uint32_t>(base + c + 1)
             if me == root:
                 # The buffer of step s is free once every rank reached s - 1 (run() saw to it for c = 0).
-                if c > 0 and not waited and _wait_ranks(self.lines, 0, size, me, step - 1, self.spin_ns,
-                                                        self.yield_ns, self.slice_ns) >= 0:
+                if c > 0 and not waited and self._all_reached(step - 1) >= 0:
                     return c - 1
                 self._spread(step, addr + start, n, 1)
-                _post(self.lines, me, step, desc)
+                self._post_step(step, desc)
                 waited = 0
                 if c == 0:
-                    if _wait_ranks(self.lines, 0, size, me, step, self.spin_ns, self.yield_ns, self.slice_ns) >= 0:
+                    if self._all_reached(step) >= 0:
                         return 0
                     if _first_mismatch(self.lines, 0, size, step, desc) >= 0:
                         return _MISMATCH
                     waited = 1  # every rank reached step 1: chunk 1's buffer wait is behind us too
             else:
                 if not waited:
-                    _post(self.lines, me, step, desc)
+                    self._post_step(step, desc)
                     if c == 0:
-                        if _wait_ranks(self.lines, 0, size, me, step, self.spin_ns, self.yield_ns,
-                                       self.slice_ns) >= 0:
+                        if self._all_reached(step) >= 0:
                             return 0
                         if _first_mismatch(self.lines, 0, size, step, desc) >= 0:
                             return _MISMATCH

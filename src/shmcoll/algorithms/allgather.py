@@ -52,5 +52,5 @@ def allgather_windows(arena, addr: int, nbytes: int, window: int, consume, desc:
 def allgather_strided(arena, addr: int, nbytes: int, out: int, stride: int, desc: int) -> None:
     """Rank r's ``nbytes`` at ``addr`` go to ``out + r * stride`` on every rank."""
     call = arena.schedule.allgather
-    schedule.run(arena, desc, lambda base, resume: call(base, desc, addr, nbytes, out, stride, resume),
-                 steps=-(-nbytes // arena.chunk_bytes))  # one per chunk
+    schedule.run(arena, arena.schedule, desc, lambda base, resume: call(base, desc, addr, nbytes, out, stride,
+                                                                        resume))

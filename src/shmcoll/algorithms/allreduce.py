@@ -29,7 +29,5 @@ def reduce_scatter_allgather(arena, addr: int, count: int, itemsize: int, kernel
     """
     root = -1 if root is None else root
     chunked = arena.schedule.chunked
-    schedule.run(arena, desc, lambda base, resume: chunked(base, desc, addr, count, itemsize, kernel, op, scale,
-                                                           root, resume),
-                 steps=2 * -(-count * itemsize // arena.chunk_bytes),  # two per chunk
-                 last_waits_for_all=root in (-1, arena.local_rank))  # a reduce's root alone gathers
+    schedule.run(arena, arena.schedule, desc, lambda base, resume: chunked(base, desc, addr, count, itemsize, kernel,
+                                                                           op, scale, root, resume))

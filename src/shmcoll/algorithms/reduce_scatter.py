@@ -13,7 +13,5 @@ def reduce_scatter(arena, addr: int, block_count: int, itemsize: int, kernel: in
     back); our block's reduction goes to ``out_addr``."""
     call = arena.schedule.reduce_scatter
     stride = block_count if block_stride is None else block_stride
-    piece = arena.chunk_bytes // (arena.local_size * itemsize)  # elements of each block per step
-    schedule.run(arena, desc, lambda base, resume: call(base, desc, addr, block_count, stride, itemsize,
-                                                        out_addr, kernel, op, scale, resume),
-                 steps=-(-block_count // piece))
+    schedule.run(arena, arena.schedule, desc, lambda base, resume: call(base, desc, addr, block_count, stride,
+                                                                        itemsize, out_addr, kernel, op, scale, resume))

@@ -1,32 +1,46 @@
-"""Driving the C schedules of ``shmcoll._reduce``: start one, settle slow waits, resume it.
+"""Driving the C schedules (``shmcoll._reduce``, ``shmcoll._single_copy``): start one, settle slow waits, resume.
 
-A schedule returns DONE, MISMATCH, or the position p of a wait whose slice
-expired; position p waits for step base + p + 1, the last step this rank
-posted. Python then waits the slow way (deadline, dead peers, abandoned
-groups: ``Arena.wait_all``) and calls the schedule again from p.
+A schedule returns DONE, MISMATCH, FAILED (a single-copy read failed), or the
+position p of a wait whose slice expired; position p waits for step base + p + 1,
+the last step this rank posted. Python then waits the slow way (deadline, dead
+peers, abandoned groups: ``Arena.wait_all``) and calls the schedule again from p.
 
-A schedule posts its steps itself, so the arena learns of them afterwards
-(``Arena.record_schedule``): each algorithm says how many steps its schedule
-takes, and whether this rank waits for everyone at the last one.
+A schedule posts its steps itself and reports, once DONE, the last step it
+posted and the highest it saw every rank reach (its ``posted`` and ``reached``),
+which the arena records (``Steps.record_schedule``).
 """
+import errno
+import os
+
 from shmcoll._reduce import DONE, MISMATCH
+from shmcoll._single_copy import FAILED
+from shmcoll.errors import PeerDiedError, ShmcollError
+
+_STEP = 0xFFFFFFFF  # step words are 32 bits; the arena counts in Python integers
 
 
-def run(arena, desc: int, call, steps: int, last_waits_for_all: bool = True) -> None:
-    """Run ``call(base, resume)`` (one call into ``arena.schedule``) to the end.
+def run(arena, schedule, desc: int, call) -> None:
+    """Run ``call(base, resume)`` (one call into ``schedule``, one of the arena's) to the end.
 
     ``base`` is the step before the schedule's first (every rank has reached it
-    when the schedule starts); the schedule posts ``steps`` steps after it.
+    when the schedule starts).
     """
     base = arena.begin_write() - 1
-    status = call(base & 0xFFFFFFFF, -1)
+    status = call(base & _STEP, -1)
     while status != DONE:
+        if status == FAILED:
+            raise _read_failed(arena, schedule, desc)
         step = base + 1 if status == MISMATCH else base + status + 1
         arena.record_schedule(step)
         settle(arena, status, step, desc)
-        status = call(base & 0xFFFFFFFF, status)
-    last = base + steps
-    arena.record_schedule(last, last if last_waits_for_all else last - 1)
+        status = call(base & _STEP, status)
+    arena.record_schedule(_unwrapped(base, schedule.posted), _unwrapped(base, schedule.reached))
+
+
+def _unwrapped(base: int, step: int) -> int:
+    """The arena's (unbounded) number of a 32-bit step at or after ``base`` (0: before it, nothing new)."""
+    ahead = (step - base) & _STEP
+    return base + ahead if ahead < 1 << 31 else 0
 
 
 def settle(arena, status: int, step: int, desc: int) -> None:
@@ -35,3 +49,16 @@ def settle(arena, status: int, step: int, desc: int) -> None:
         arena.check_same_collective(step, desc)  # raises, naming both collectives
         raise AssertionError("the schedule reported a mismatch the arena does not see")
     arena.wait_all(step)
+
+
+def _read_failed(arena, schedule, desc: int) -> ShmcollError:
+    """The error of a single-copy read that failed: the peer exited (ESRCH), or its buffer is gone."""
+    from shmcoll.ops import describe_desc
+
+    peer, code = schedule.failed_peer, schedule.failed_errno
+    me, them = arena.ranks[arena.local_rank], arena.ranks[peer]
+    what = f"rank {me}: reading rank {them}'s buffer in {describe_desc(desc)} failed: {errno.errorcode.get(code, code)}"
+    arena.abandon()  # the peers must not wait for our next step until the timeout
+    if code == errno.ESRCH:
+        return PeerDiedError(f"{what} (rank {them} exited)")
+    return ShmcollError(f"{what} ({os.strerror(code)})")

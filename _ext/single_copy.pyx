@@ -1,0 +1,288 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Single-copy schedules: a rank reads its peers' buffers directly (cross-memory attach).
+
+The copy path moves every byte twice: into the sender's slot of the shared
+arena, then out into the receiver's buffer. Here a rank publishes the *address*
+of its buffer on its control line with the step, and its peers read the bytes
+straight from its address space with ``process_vm_readv`` (what Open MPI's
+smsc/cma does): one copy. The owner may change its buffer again only once every
+reader is done, which a last step says ("I finished reading your buffers").
+
+Each schedule runs in C with the GIL released, like those of ``_reduce``:
+posts, waits that return to Python when a slice expires (position p waits for
+step base + p + 1; ``resume`` as there), the reads, and the reduction kernel
+called by address. A read that fails (the peer exited: ESRCH; its buffer is
+gone: EFAULT) returns FAILED with the errno and the peer in ``failed_errno`` /
+``failed_peer``. ``posted`` and ``reached`` say, after DONE, the last step this
+rank posted and the highest step it saw every rank reach (``Steps.record_schedule``).
+"""
+from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t, int32_t
+from libc.string cimport memcpy
+
+include "lines.pxi"
+
+cdef extern from "<errno.h>" nogil:
+    int errno
+
+cdef extern from "<sys/uio.h>" nogil:
+    struct iovec:
+        void *iov_base
+        size_t iov_len
+    ssize_t process_vm_readv(int pid, const iovec *local_iov, unsigned long liovcnt,
+                             const iovec *remote_iov, unsigned long riovcnt, unsigned long flags)
+
+ctypedef void (*kernel_t)(void *out, void *first, void *rows, int64_t nrows, int64_t row_stride,
+                          int64_t n, int64_t op, double scale) noexcept nogil
+
+cdef enum:
+    _DONE = -1
+    _MISMATCH = -2
+    _FAILED = -3
+    _PID = 48  # int32 in each control line: the rank's pid (arena.PID_OFFSET)
+    _ADDRESS = 56  # four uint64 after it: the buffer address a rank published with step s, at s % 4
+
+DONE = _DONE
+MISMATCH = _MISMATCH
+FAILED = _FAILED
+PID_OFFSET = _PID
+ADDRESS_OFFSET = _ADDRESS
+
+
+cdef inline uint64_t *_address_slot(uintptr_t lines, int rank, uint32_t step) noexcept nogil:
+    return <uint64_t *>(lines + <uintptr_t>rank * _LINE + _ADDRESS + 8 * (step & 3))
+
+
+def probe(int pid, uintptr_t remote, uintptr_t local, Py_ssize_t nbytes):
+    """Read ``nbytes`` of process ``pid`` at ``remote`` into ``local``: 0, or the errno that refused it."""
+    cdef int err
+    with nogil:
+        err = _read(pid, <char *>local, remote, nbytes)
+    return err
+
+
+cdef int _read(int pid, char *local, uintptr_t remote, Py_ssize_t nbytes) noexcept nogil:
+    """All of ``nbytes`` at ``remote`` in ``pid`` into ``local`` (the kernel may move fewer per call)."""
+    cdef iovec mine, theirs
+    cdef ssize_t got
+    while nbytes > 0:
+        mine.iov_base = local
+        mine.iov_len = nbytes
+        theirs.iov_base = <void *>remote
+        theirs.iov_len = nbytes
+        got = process_vm_readv(pid, &mine, 1, &theirs, 1, 0)
+        if got < 0:
+            return errno
+        if got == 0:
+            return 14  # EFAULT: no progress, the range is not there
+        local += got
+        remote += got
+        nbytes -= got
+    return 0
+
+
+cdef class SingleCopy:
+    """One rank's constants for the single-copy schedules over its arena's control lines."""
+
+    cdef uintptr_t lines, scratch
+    cdef int me, size
+    cdef Py_ssize_t scratch_bytes
+    cdef int64_t spin_ns, yield_ns, slice_ns
+    cdef readonly uint32_t posted, reached
+    cdef readonly int failed_errno, failed_peer
+
+    def __cinit__(self, uintptr_t lines, int me, int size, uintptr_t scratch, Py_ssize_t scratch_bytes,
+                  int64_t spin_ns, int64_t yield_ns, int64_t slice_ns):
+        self.lines = lines
+        self.me = me
+        self.size = size
+        self.scratch = scratch  # private to this rank: the peers' pieces of a reduction land here
+        self.scratch_bytes = scratch_bytes
+        self.spin_ns = spin_ns
+        self.yield_ns = yield_ns
+        self.slice_ns = slice_ns
+
+    def set_waits(self, int64_t spin_ns, int64_t yield_ns):
+        self.spin_ns = spin_ns
+        self.yield_ns = yield_ns
+
+    # -- pieces ------------------------------------------------------------------------
+
+    cdef inline void _publish(self, uint32_t step, uint64_t desc, uintptr_t address) noexcept nogil:
+        """Post ``step`` with our buffer's address (readable by the peers once they see the step)."""
+        arch.shmcoll_store_release_u64(_address_slot(self.lines, self.me, step), address)
+        _post(self.lines, self.me, step, desc)
+        self.posted = step
+
+    cdef inline int _wait_all(self, uint32_t step) noexcept nogil:
+        """1 once every rank has reached ``step``; 0 if the slice ended first."""
+        if _wait_ranks(self.lines, 0, self.size, self.me, step, self.spin_ns, self.yield_ns, self.slice_ns) >= 0:
+            return 0
+        self.reached = step
+        return 1
+
+    cdef inline uintptr_t _their(self, int peer, uint32_t step) noexcept nogil:
+        return <uintptr_t>arch.shmcoll_load_acquire_u64(_address_slot(self.lines, peer, step))
+
+    cdef inline int _pid(self, int peer) noexcept nogil:
+        return (<int32_t *>(self.lines + <uintptr_t>peer * _LINE + _PID))[0]
+
+    cdef inline Py_ssize_t _fail(self, int peer, int err) noexcept nogil:
+        self.failed_peer = peer
+        self.failed_errno = err
+        return _FAILED
+
+    # -- schedules ---------------------------------------------------------------------
+
+    def allgather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, uintptr_t out,
+                  Py_ssize_t out_stride, Py_ssize_t resume):
+        """Every rank's ``nbytes`` at ``addr`` to ``out + rank * out_stride`` on every rank.
+
+        base + 1: our input's address; everyone reads everyone's; base + 2: done reading.
+        """
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._allgather(base, desc, addr, nbytes, <char *>out, out_stride, resume)
+        return status
+
+    cdef Py_ssize_t _allgather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, char *out,
+                               Py_ssize_t out_stride, Py_ssize_t resume) noexcept nogil:
+        cdef int peer, err, me = self.me
+        if resume < 0:
+            self._publish(base + 1, desc, addr)
+            if out + me * out_stride != <char *>addr:
+                memcpy(out + me * out_stride, <char *>addr, nbytes)
+            if not self._wait_all(base + 1):
+                return 0
+        if resume < 1:
+            if _first_mismatch(self.lines, 0, self.size, base + 1, desc) >= 0:
+                return _MISMATCH
+            for peer in range(self.size):
+                if peer != me:
+                    err = _read(self._pid(peer), out + peer * out_stride, self._their(peer, base + 1), nbytes)
+                    if err:
+                        return self._fail(peer, err)
+            _post(self.lines, me, base + 2, desc)
+            self.posted = base + 2
+            if not self._wait_all(base + 2):
+                return 1
+        return _DONE
+
+    def broadcast(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root,
+                  Py_ssize_t resume):
+        """``nbytes`` at ``addr`` on ``root`` to ``addr`` on every rank.
+
+        base + 1: the root's address (the others post it empty); every rank checks the others are in
+        this broadcast; the others read the root's buffer and post base + 2, which the root waits for.
+        """
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._broadcast(base, desc, addr, nbytes, root, resume)
+        return status
+
+    cdef Py_ssize_t _broadcast(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root,
+                               Py_ssize_t resume) noexcept nogil:
+        cdef int err, me = self.me
+        if resume < 0:
+            self._publish(base + 1, desc, addr if me == root else 0)
+            if not self._wait_all(base + 1):
+                return 0
+        if resume < 1:
+            if _first_mismatch(self.lines, 0, self.size, base + 1, desc) >= 0:
+                return _MISMATCH
+            if me != root:
+                err = _read(self._pid(root), <char *>addr, self._their(root, base + 1), nbytes)
+                if err:
+                    return self._fail(root, err)
+            _post(self.lines, me, base + 2, desc)
+            self.posted = base + 2
+            if me == root and not self._wait_all(base + 2):
+                return 1
+        return _DONE
+
+    def reduce_scatter(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t block_count,
+                       Py_ssize_t block_stride, int itemsize, uintptr_t out, uintptr_t kernel, int64_t op,
+                       double scale, Py_ssize_t resume):
+        """Block r of every rank's input (L blocks of ``block_count`` elements, ``block_stride`` apart, at
+        ``addr``), reduced in rank order, into rank r's ``out`` (which must not overlap the input).
+
+        base + 1: our input's address; piece by piece, each peer's part of our block is read into a
+        row of our scratch and the rows reduced into ``out``; base + 2: done reading.
+        """
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._reduce_blocks(base, desc, addr, self.me * block_stride * itemsize, block_count, itemsize,
+                                         <char *>out, <kernel_t>kernel, op, scale, resume)
+        return status
+
+    def allreduce(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize,
+                  uintptr_t kernel, int64_t op, double scale, Py_ssize_t resume):
+        """All-reduce ``count`` elements at ``addr`` in place: rank r reduces the r-th share of everyone's
+        buffer into its own (as ``reduce_scatter``), posts base + 2 (done reading, our share final), then
+        reads every other share from its owner's buffer; base + 3: done reading."""
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._allreduce(base, desc, addr, count, itemsize, <kernel_t>kernel, op, scale, resume)
+        return status
+
+    cdef Py_ssize_t _allreduce(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize,
+                               kernel_t kernel, int64_t op, double scale, Py_ssize_t resume) noexcept nogil:
+        cdef int peer, err, me = self.me, size = self.size
+        cdef Py_ssize_t lo, hi, status
+        if resume < 2:
+            # Shares: rank r owns elements [r * count / L, (r + 1) * count / L), in place.
+            lo = me * count // size
+            status = self._reduce_blocks(base, desc, addr, lo * itemsize, (me + 1) * count // size - lo, itemsize,
+                                         <char *>(addr + lo * itemsize), kernel, op, scale, resume)
+            if status != _DONE:
+                return status
+        if resume < 3:
+            for peer in range(size):
+                if peer != me:
+                    lo = peer * count // size
+                    hi = (peer + 1) * count // size
+                    err = _read(self._pid(peer), <char *>(addr + lo * itemsize),
+                                self._their(peer, base + 1) + lo * itemsize, (hi - lo) * itemsize)
+                    if err:
+                        return self._fail(peer, err)
+            _post(self.lines, me, base + 3, desc)
+            self.posted = base + 3
+            if not self._wait_all(base + 3):
+                return 2
+        return _DONE
+
+    cdef Py_ssize_t _reduce_blocks(self, uint32_t base, uint64_t desc, uintptr_t buffer, Py_ssize_t offset,
+                                   Py_ssize_t count, int itemsize, char *out, kernel_t kernel, int64_t op,
+                                   double scale, Py_ssize_t resume) noexcept nogil:
+        """Steps base + 1 and base + 2 of a reduce-scatter. Every rank's buffer has one layout: ours is at
+        ``buffer`` (published with base + 1), our block's ``count`` elements ``offset`` bytes into it, and so
+        into every peer's. Each piece of the block is read from every peer into a row of our scratch (ours
+        copied there), and the rows reduced in rank order into ``out``."""
+        cdef int peer, err, me = self.me, size = self.size
+        cdef Py_ssize_t piece = self.scratch_bytes // (size * itemsize)
+        cdef Py_ssize_t start = 0, n
+        cdef char *rows = <char *>self.scratch
+        if resume < 0:
+            self._publish(base + 1, desc, buffer)
+            if not self._wait_all(base + 1):
+                return 0
+        if resume < 1:
+            if _first_mismatch(self.lines, 0, size, base + 1, desc) >= 0:
+                return _MISMATCH
+            while start < count:
+                n = piece if count - start > piece else count - start
+                for peer in range(size):
+                    if peer == me:
+                        memcpy(rows + peer * piece * itemsize, <char *>(buffer + offset + start * itemsize),
+                               n * itemsize)
+                    else:
+                        err = _read(self._pid(peer), rows + peer * piece * itemsize,
+                                    self._their(peer, base + 1) + offset + start * itemsize, n * itemsize)
+                        if err:
+                            return self._fail(peer, err)
+                kernel(out + start * itemsize, rows, rows + piece * itemsize, size - 1, piece, n, op, scale)
+                start += n
+            _post(self.lines, me, base + 2, desc)
+            self.posted = base + 2
+            if not self._wait_all(base + 2):
+                return 1
+        return _DONE
