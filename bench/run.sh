@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README main job: set up .venv (see .ci/setup), then run the shm-vs-gloo sweep
 # at 2 ranks (override with NPROC=4), writing results/sweep-<N>ranks.json; then the
-# same points on Open MPI (results/mpi-<N>ranks.json, about 30 s more) and the plot
+# same points on Open MPI (results/mpi-<N>ranks.json, and without its single-copy component:
+# results/mpi-nocma-<N>ranks.json, about 30 s more each) and the plot
 # of all three (results/sweep-<N>ranks.png). Extra arguments go to both sweeps (the
 # MPI sweep ignores the torch-only ones).
 set -euo pipefail
@@ -24,6 +25,9 @@ rm -f "results/mpi-${NPROC}ranks.json"
 if .venv/bin/python bench/mpi_sweep.py --nproc "$NPROC" "${SETTINGS[@]}" \
         --json "results/mpi-${NPROC}ranks.json" "$@"; then
     inputs+=("results/mpi-${NPROC}ranks.json")
+    # And without its single-copy component (smsc/cma), to show how much of its lead that is.
+    .venv/bin/python bench/mpi_sweep.py --nproc "$NPROC" "${SETTINGS[@]}" --no-single-copy \
+        --json "results/mpi-nocma-${NPROC}ranks.json" "$@" && inputs+=("results/mpi-nocma-${NPROC}ranks.json")
 else
     echo "note: no MPI comparison (see above)" >&2
 fi

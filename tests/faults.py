@@ -179,26 +179,39 @@ def main() -> int:
 
 # -- 1. dead peer -------------------------------------------------------------
 
-def dead_peer(rank: Rank, victim: int, kill_at: int, numel: int, timeout: float = 60):
-    """all_reduce in a loop; ``victim`` SIGKILLs itself at iteration ``kill_at``; survivors time the error."""
+def dead_peer(rank: Rank, victim: int, kill_at: int, numel: int, timeout: float = 60, gather: bool = False):
+    """all_reduce (``gather``: all_gather_into_tensor) in a loop; ``victim`` SIGKILLs itself at iteration
+    ``kill_at`` (``gather``: from another thread, at whatever point the loop has reached, most likely while
+    its peers read its buffer); survivors time the error."""
     rank.init(timeout=timeout)
     world = rank.world
     t = torch.empty(numel, dtype=torch.float32)
+    whole = torch.empty(world * numel, dtype=torch.float32)
     expected = float(sum(range(1, world + 1)))
     wrong = 0
     i = 0
     start = None
+
+    def die():
+        with open(os.path.join(rank.dir, "kill_time"), "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
     try:
         while True:
             if rank.rank == victim and i == kill_at:
-                with open(os.path.join(rank.dir, "kill_time"), "w") as f:
-                    f.write(repr(time.time()))
-                os.kill(os.getpid(), signal.SIGKILL)
+                if not gather:
+                    die()
+                threading.Timer(0.003, die).start()
             t.fill_(rank.rank + 1)
             start = time.monotonic()
-            dist.all_reduce(t)
-            if t[0].item() != expected or t[-1].item() != expected:
-                wrong += 1
+            if gather:
+                dist.all_gather_into_tensor(whole, t)
+                wrong += any(whole[r * numel].item() != r + 1 for r in range(world))
+            else:
+                dist.all_reduce(t)
+                if t[0].item() != expected or t[-1].item() != expected:
+                    wrong += 1
             i += 1
             if i > kill_at + 100_000:
                 raise AssertionError("the victim never died?")

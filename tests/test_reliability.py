@@ -163,13 +163,16 @@ def _session_dirs():
 # -- 1. a peer dies in the middle of a collective loop -----------------------------
 
 @pytest.mark.parametrize("victim", [2, 0])
-@pytest.mark.parametrize("numel,threads", [(2, 1), (1 << 20, 1), (1 << 20, 3)], ids=["8B", "4MiB", "4MiB-3lanes"])
-def test_dead_peer_is_reported_quickly(numel, threads, victim):
+@pytest.mark.parametrize("numel,threads,single_copy", [(2, 1, "auto"), (1 << 20, 1, "1"), (1 << 20, 1, "0"),
+                                                       (1 << 20, 3, "auto")],
+                         ids=["8B", "4MiB-single-copy", "4MiB-copy", "4MiB-3lanes"])
+def test_dead_peer_is_reported_quickly(numel, threads, single_copy, victim):
     """SIGKILL one of 3 ranks mid-loop: the survivors raise naming it within 2 s (timeout 60 s), exit 0;
-    with 3 threads per rank every lane of the all_reduce must notice."""
+    with 3 threads per rank every lane of the all_reduce must notice; with single copy, a survivor reading
+    the victim's buffer as it dies too."""
     kill_at = 300 if numel == 2 else 30
     job = Job("dead_peer", 3, args={"victim": victim, "kill_at": kill_at, "numel": numel, "timeout": 60},
-              env={"SHMCOLL_THREADS": str(threads)})
+              env={"SHMCOLL_THREADS": str(threads), "SHMCOLL_SINGLE_COPY": single_copy})
     survivors = [r for r in range(3) if r != victim]
     deadline = time.monotonic() + 60
     while not os.path.exists(os.path.join(job.dir, "kill_time")) and time.monotonic() < deadline \
@@ -193,7 +196,29 @@ def test_dead_peer_is_reported_quickly(numel, threads, victim):
         assert "RuntimeError" in err["mro"], err
         assert rep["wrong_results"] == 0
         assert job.exitcode(r) == 0, f"rank {r} exit {job.exitcode(r)}:\n{job.log(r)}"
-    record(f"dead_peer-{numel * 4}B-{threads}threads-victim{victim}", figures)
+    record(f"dead_peer-{numel * 4}B-{threads}threads-single-copy-{single_copy}-victim{victim}", figures)
+    assert job.leftovers() == []
+
+
+def test_dead_peer_while_its_buffer_is_read():
+    """Single copy: rank 0 of 3 dies (SIGKILL from a timer) inside a loop of 48 MiB all_gathers, where its
+    peers spend most of their time reading its buffer: each raises naming it, within 2 s."""
+    job = Job("dead_peer", 3, args={"victim": 0, "kill_at": 5, "numel": 4 << 20, "timeout": 60, "gather": True},
+              env={"SHMCOLL_SINGLE_COPY": "1"})
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(job.dir, "kill_time")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    hung = job.wait(10, [1, 2])
+    job.finish(1)
+    killed = float(open(os.path.join(job.dir, "kill_time")).read())
+    assert not hung, f"ranks {hung} still blocked 10 s after rank 0 was killed:\n{job.logs()}"
+    messages = []
+    for r in (1, 2):
+        err = job.report(r)["error"]
+        messages.append(err["message"])
+        assert names_rank(err["message"], 0) and err["time"] - killed < 2.0, err
+        assert job.report(r)["wrong_results"] == 0 and job.exitcode(r) == 0
+    record("dead_peer_while_read", {"messages": messages})
     assert job.leftovers() == []
 
 

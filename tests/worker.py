@@ -7,6 +7,7 @@ segments this process still maps or holds open (``tests.leaks``).
 """
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
@@ -40,6 +41,9 @@ def main() -> int:
     target, *args = sys.argv[1:]
     module_name, function_name = target.split(":")
     torch.set_num_threads(1)
+    if os.environ.get("SHMCOLL_TEST_NOT_DUMPABLE"):
+        # tests/test_single_copy.py: peers without CAP_SYS_PTRACE may then not read this process's memory.
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
     before = leaks.references()
     dist.init_process_group(os.environ["SHMCOLL_TEST_BACKEND"], init_method="env://")
     rank = dist.get_rank()

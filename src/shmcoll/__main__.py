@@ -70,6 +70,7 @@ def _info(_args) -> int:
     else:
         state = "cold: first group compiles, ~10 s"
     rows.append(("kernel library", f"{library} ({state})"))
+    rows.append(("single copy", _single_copy_state(settings)))
     for field in ("chunk_bytes", "small_bytes", "p2p_bytes", "spin_us", "yield_us"):
         value = getattr(settings, field)
         rows.append((f"  {field}", "auto" if value is None else str(value)))
@@ -80,6 +81,23 @@ def _info(_args) -> int:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     return 0
+
+
+def _single_copy_state(settings) -> str:
+    """What a group of ranks started like this process would use inside a node, and why."""
+    from shmcoll import single_copy
+
+    if settings.single_copy == "0":
+        return "off (SHMCOLL_SINGLE_COPY=0): large collectives copy through shared memory"
+    scope = single_copy.yama_scope()
+    if scope == 1:  # a child may not read its parent; sibling ranks name their launcher as tracer
+        return ("allowed if the ranks of a node share a parent (Yama's ptrace_scope is 1: each names it with "
+                "PR_SET_PTRACER); the group probes it at creation")
+    refused = single_copy.self_check()
+    if refused:
+        return f"refused ({refused}): large collectives copy through shared memory"
+    spans = "every size" if settings.single_copy == "1" else "where measured faster (see README)"
+    return f"allowed (a child process read this one's memory): large collectives inside a node, {spans}"
 
 
 def _bench(args) -> int:

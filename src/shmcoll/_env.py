@@ -13,6 +13,13 @@ def _bytes(text: str) -> int:
     return int(float(text.rstrip("KMG")) * scale)
 
 
+def _single_copy(text: str) -> str:
+    """Parse 'auto', '0' or '1'."""
+    if text.strip().lower() not in ("auto", "0", "1"):
+        raise ValueError(text)
+    return text.strip().lower()
+
+
 def _ranks(text: str) -> frozenset:
     """Parse '1,3' (group ranks)."""
     return frozenset(int(part) for part in text.split(",") if part.strip())
@@ -34,6 +41,7 @@ class Settings:
     threads: int | None = None  # lanes per rank; None: torch.get_num_threads() (the node agrees on the least)
     thread_bytes: int = field(default=512 * KiB, metadata=GROUP_WIDE)  # least bytes per lane
     segment_bytes: int = field(default=2 * MiB, metadata=GROUP_WIDE)  # across nodes: bytes per pipeline segment
+    single_copy: str = field(default="auto", metadata=GROUP_WIDE)  # "auto", "0" (never) or "1" (every size)
     spin_us: float | None = None
     yield_us: float | None = None
     hostid: str | None = None
@@ -51,6 +59,7 @@ _PARSERS = {
     "threads": ("SHMCOLL_THREADS", int),
     "thread_bytes": ("SHMCOLL_THREAD_BYTES", _bytes),
     "segment_bytes": ("SHMCOLL_SEGMENT_BYTES", _bytes),
+    "single_copy": ("SHMCOLL_SINGLE_COPY", _single_copy),
     "spin_us": ("SHMCOLL_SPIN_US", float),
     "yield_us": ("SHMCOLL_YIELD_US", float),
     "hostid": ("SHMCOLL_HOSTID", str),
@@ -84,7 +93,7 @@ def read_settings(environ=os.environ) -> Settings:
     return settings
 
 
-def group_wide(settings: Settings) -> dict[str, int]:
+def group_wide(settings: Settings) -> dict[str, int | str]:
     """The settings every rank of a group must share, by variable name."""
     return {_PARSERS[f.name][0]: getattr(settings, f.name) for f in fields(Settings) if f.metadata.get("group_wide")}
 

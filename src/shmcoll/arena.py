@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shmcoll import _reduce, _segment, _sync
+from shmcoll import _reduce, _segment, _single_copy, _sync
 from shmcoll import waits
 from shmcoll.errors import AttachError, CollectiveError, PeerAttachError, PeerDiedError, ShmcollError
 
@@ -202,6 +202,7 @@ class Arena(Steps):
         self.describe = None  # set by the group: () -> text naming the collective in progress, for errors
         self.watch = waits.Watch(local_rank, ranks, self.timeout_s, self.pid, self._abandoned_by)
         self._lanes: list[Steps] = []
+        self.single_copy = None  # the single-copy schedules, once the node agreed they are allowed
         super().__init__(self, base + regions.lines, chunk_bytes, self.data, self.scratch)
 
     # -- layout --------------------------------------------------------------
@@ -237,6 +238,15 @@ class Arena(Steps):
     def set_waits(self, spin_ns: int, yield_ns: int) -> None:
         super().set_waits(spin_ns, yield_ns)
         self._set_lane_waits()
+        if self.single_copy is not None:
+            self.single_copy.set_waits(spin_ns, yield_ns)
+
+    def enable_single_copy(self) -> None:
+        """Collectives may read the peers' buffers directly (``shmcoll.single_copy`` found it allowed), over
+        this arena's control lines, with our scratch for the pieces of a reduction."""
+        assert _single_copy.PID_OFFSET == PID_OFFSET
+        self.single_copy = _single_copy.SingleCopy(self.lines, self.local_rank, self.local_size, self.scratch,
+                                                   self.chunk_bytes, self.spin_ns, self.yield_ns, _SLICE_NS)
 
     def _set_lane_waits(self) -> None:
         # Lanes never spin: they serve large messages only, where a wait is rarely a

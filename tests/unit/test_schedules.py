@@ -276,3 +276,46 @@ def test_a_failing_lane_fails_the_collective_everywhere_without_waiting_for_the_
     assert "injected failure of lane 2" in raised[0][0]
     assert "gave up" in raised[1][0], raised[1]
     assert all(seconds < 10 for _, seconds in raised.values()), raised
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_single_copy_gives_the_copy_paths_bits(size, monkeypatch):
+    """The single-copy schedules (peers' buffers read with process_vm_readv; here the thread-ranks share one
+    pid) against the copy path on random float32: all-reduce and reduce-scatter bitwise, every rank alike,
+    all-gather and broadcast exact; several in a row, 1 us wait slices (every resume point taken)."""
+    from shmcoll.algorithms import allgather, broadcast
+
+    segment, handles = _arenas(size, monkeypatch)
+    for handle in handles:
+        handle.enable_single_copy()
+    entry = kernel_library.entry_point("float32")
+    counts = [1, 7, 1000, 3 * CHUNK + 5]  # pieces of the scratch: several for the largest
+    data = {c: _inputs(size, c * size, np.float32, c) for c in counts}
+    copy = {c: [x.copy() for x in data[c]] for c in counts}
+    single = {c: [x.copy() for x in data[c]] for c in counts}
+    scattered = {(c, how): [np.zeros(c, np.float32) for _ in range(size)] for c in counts for how in ("copy", "sc")}
+    gathered = {c: [np.zeros(c * size, np.float32) for _ in range(size)] for c in counts}
+    sent = {c: [data[c][0][:c].copy() if r == size - 1 else np.zeros(c, np.float32) for r in range(size)]
+            for c in counts}
+
+    def body(rank):
+        arena = handles[rank]
+        for c in counts:
+            allreduce.reduce_scatter_allgather(arena, copy[c][rank].ctypes.data, c * size, 4, entry, kernels.SUM,
+                                               1.0, 17)
+            allreduce.single_copy(arena, single[c][rank].ctypes.data, c * size, 4, entry, kernels.SUM, 1.0, 17)
+            reduce_scatter.reduce_scatter(arena, data[c][rank].ctypes.data, c, 4, entry, kernels.SUM, 1.0,
+                                          scattered[c, "copy"][rank].ctypes.data, 18)
+            reduce_scatter.single_copy(arena, data[c][rank].ctypes.data, c, 4, entry, kernels.SUM, 1.0,
+                                       scattered[c, "sc"][rank].ctypes.data, 18)
+            allgather.single_copy(arena, data[c][rank].ctypes.data, c * 4, gathered[c][rank].ctypes.data, c * 4, 19)
+            broadcast.single_copy(arena, sent[c][rank].ctypes.data, c * 4, size - 1, 20)
+
+    _run_ranks(size, body)
+    segment.close()
+    for c in counts:
+        for r in range(size):
+            assert single[c][r].tobytes() == copy[c][0].tobytes(), (c, r)
+            assert scattered[c, "sc"][r].tobytes() == scattered[c, "copy"][r].tobytes(), (c, r)
+            assert np.array_equal(gathered[c][r], np.concatenate([data[c][p][:c] for p in range(size)])), (c, r)
+            assert np.array_equal(sent[c][r], data[c][0][:c]), (c, r)

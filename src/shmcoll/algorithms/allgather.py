@@ -54,3 +54,9 @@ def allgather_strided(arena, addr: int, nbytes: int, out: int, stride: int, desc
     call = arena.schedule.allgather
     schedule.run(arena, arena.schedule, desc, lambda base, resume: call(base, desc, addr, nbytes, out, stride,
                                                                         resume))
+
+
+def single_copy(arena, addr: int, nbytes: int, out: int, stride: int, desc: int) -> None:
+    """As ``allgather_strided``, each rank reading the others' inputs where they are (``_single_copy``)."""
+    sc = arena.single_copy
+    schedule.run(arena, sc, desc, lambda base, resume: sc.allgather(base, desc, addr, nbytes, out, stride, resume))

@@ -31,3 +31,11 @@ def reduce_scatter_allgather(arena, addr: int, count: int, itemsize: int, kernel
     chunked = arena.schedule.chunked
     schedule.run(arena, arena.schedule, desc, lambda base, resume: chunked(base, desc, addr, count, itemsize, kernel,
                                                                            op, scale, root, resume))
+
+
+def single_copy(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float, desc: int) -> None:
+    """All-reduce in place, each rank reading its share of the others' buffers and then the others' shares
+    where they are (``_single_copy``): the same kernel in the same rank order, so the same bits."""
+    sc = arena.single_copy
+    schedule.run(arena, sc, desc, lambda base, resume: sc.allreduce(base, desc, addr, count, itemsize, kernel, op,
+                                                                     scale, resume))

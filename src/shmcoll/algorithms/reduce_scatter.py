@@ -15,3 +15,13 @@ def reduce_scatter(arena, addr: int, block_count: int, itemsize: int, kernel: in
     stride = block_count if block_stride is None else block_stride
     schedule.run(arena, arena.schedule, desc, lambda base, resume: call(base, desc, addr, block_count, stride,
                                                                         itemsize, out_addr, kernel, op, scale, resume))
+
+
+def single_copy(arena, addr: int, block_count: int, itemsize: int, kernel: int, op: int, scale: float,
+                out_addr: int, desc: int) -> None:
+    """As ``reduce_scatter`` (blocks back to back), each rank reading its block of the others' inputs where
+    they are (``_single_copy``); ``out_addr`` must not overlap the input."""
+    sc = arena.single_copy
+    schedule.run(arena, sc, desc, lambda base, resume: sc.reduce_scatter(base, desc, addr, block_count, block_count,
+                                                                          itemsize, out_addr, kernel, op, scale,
+                                                                          resume))

@@ -52,13 +52,24 @@ def settle(arena, status: int, step: int, desc: int) -> None:
 
 
 def _read_failed(arena, schedule, desc: int) -> ShmcollError:
-    """The error of a single-copy read that failed: the peer exited (ESRCH), or its buffer is gone."""
+    """The error of a single-copy read that failed: the peer exited (ESRCH), or its buffer is gone.
+
+    A peer leaves a collective before the others are done reading its buffer only when the collective
+    failed for it (a rank died, or it gave up on an error): name that cause, as a wait would, rather than
+    the read, which is only its echo."""
     from shmcoll.ops import describe_desc
 
     peer, code = schedule.failed_peer, schedule.failed_errno
     me, them = arena.ranks[arena.local_rank], arena.ranks[peer]
-    what = f"rank {me}: reading rank {them}'s buffer in {describe_desc(desc)} failed: {errno.errorcode.get(code, code)}"
-    arena.abandon()  # the peers must not wait for our next step until the timeout
+    what = f"reading rank {them}'s buffer in {describe_desc(desc)} failed: {errno.errorcode.get(code, code)}"
+    peers = [r for r in range(arena.local_size) if r != arena.local_rank]
+    try:
+        arena.watch.check(peers, 0.0, arena.describe() if arena.describe else describe_desc(desc), float("inf"))
+    except ShmcollError as cause:
+        return type(cause)(f"{cause} (rank {me} found out when {what})")
+    finally:
+        arena.abandon()  # the peers must not wait for our next step until the timeout
+    what = f"rank {me}: {what}"
     if code == errno.ESRCH:
         return PeerDiedError(f"{what} (rank {them} exited)")
     return ShmcollError(f"{what} ({os.strerror(code)})")

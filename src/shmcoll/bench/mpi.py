@@ -44,6 +44,9 @@ import time
 EXIT_UNAVAILABLE = 2
 EXIT_MISMATCH = 3
 LABEL = "mpi"
+# With --no-single-copy: Open MPI without its single-copy component (smsc/cma, process_vm_readv), so
+# that the table shows how much of its lead that component is.
+LABEL_NO_SINGLE_COPY = "mpi-no-cma"
 # The environment variables that MPI launchers set in the processes they start.
 LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
 
@@ -86,7 +89,7 @@ def open_mpi_major(mpirun: str) -> int | None:
     return None
 
 
-def launch_command(nproc: int, sweep_args: list[str]) -> tuple[list[str], dict]:
+def launch_command(nproc: int, sweep_args: list[str], single_copy: bool = True) -> tuple[list[str], dict]:
     """(argv, environment) that run this module on ``nproc`` local ranks."""
     mpirun = find_mpirun()
     if mpirun is None:
@@ -99,6 +102,8 @@ def launch_command(nproc: int, sweep_args: list[str]) -> tuple[list[str], dict]:
         # torchrun; local ranks talk through shared memory ("sm", called "vader" before 5.0).
         argv += ["--oversubscribe", "--bind-to", "none",
                  "--mca", "btl", "self,sm" if major >= 5 else "self,vader"]
+        if not single_copy:
+            argv += ["--mca", "smsc", "^cma"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     argv += [sys.executable, "-m", "shmcoll.bench.mpi"] + sweep_args
@@ -185,11 +190,15 @@ def parse_args(argv=None):
     sweep.add_size_and_timing_arguments(p)
     p.add_argument("--nproc", type=int, default=2,
                    help="ranks, when this program starts mpirun itself (default 2)")
+    p.add_argument("--no-single-copy", action="store_true",
+                   help="turn Open MPI's single-copy component off (--mca smsc ^cma); results as "
+                        f"'{LABEL_NO_SINGLE_COPY}'")
     # Options only the torch sweep has are accepted and ignored, so that one argument list
     # (bench/run.sh "$@", python -m shmcoll bench) can drive both sweeps.
     args, ignored = p.parse_known_args(argv)
     sweep.resolve_size_and_timing_arguments(p, args)
     args.ignored = ignored
+    args.label = LABEL_NO_SINGLE_COPY if args.no_single_copy else LABEL
     return args
 
 
@@ -217,7 +226,7 @@ def measure(args) -> int:
         out.write("- MPI has no bfloat16/float16 datatype: those points are n/a\n\n")
         out.flush()
 
-    headers = ["op", "dtype", "bytes", f"{LABEL} us", f"{LABEL} algbw GB/s", f"{LABEL} busbw GB/s"]
+    headers = ["op", "dtype", "bytes", f"{args.label} us", f"{args.label} algbw GB/s", f"{args.label} busbw GB/s"]
     rows, notes = [], []
     t_start = time.perf_counter()
     for op in args.op_list:
@@ -232,7 +241,7 @@ def measure(args) -> int:
                 notes.append(f"- {op} {name}: n/a ({reason})")
                 for count in counts:
                     rows.append({"op": op, "dtype": name, "bytes": count * dt.itemsize, "count": count,
-                                 "results": {LABEL: {"status": "n/a", "reason": reason}}, "ratio": {}})
+                                 "results": {args.label: {"status": "n/a", "reason": reason}}, "ratio": {}})
                 continue
             for count in counts:
                 nbytes = count * dt.itemsize
@@ -253,7 +262,7 @@ def measure(args) -> int:
                 rows.append({
                     "op": op, "dtype": name, "bytes": nbytes, "count": count,
                     "chunk_bytes": case.chunk * dt.itemsize, "busbw_factor": busf,
-                    "results": {LABEL: {"status": "ok", "lat_us": lat * 1e6, "min_us": min(rounds_s) * 1e6,
+                    "results": {args.label: {"status": "ok", "lat_us": lat * 1e6, "min_us": min(rounds_s) * 1e6,
                                         "algbw_gbps": algbw, "busbw_gbps": algbw * busf, "iters": iters,
                                         "rounds_us": [v * 1e6 for v in rounds_s]}},
                     "ratio": {},
@@ -275,7 +284,7 @@ def measure(args) -> int:
             sweep_results.save({
                 "machine": machine,
                 "config": {
-                    "backends": [LABEL], "ops": args.op_list,
+                    "backends": [args.label], "ops": args.op_list,
                     "dtypes": [sweep.dtype_name(d) for d in args.dtype_list], "sizes": args.sizes,
                     "iters_time_s": args.iters_time, "rounds": args.rounds, "warmup": args.warmup,
                     "quick": args.quick, "checked": True,
@@ -306,7 +315,7 @@ def main(argv=None) -> int:
     if reason:
         print(f"error: cannot run the MPI sweep: {reason}", file=sys.stderr)
         return EXIT_UNAVAILABLE
-    command, env = launch_command(args.nproc, sys.argv[1:] if argv is None else list(argv))
+    command, env = launch_command(args.nproc, sys.argv[1:] if argv is None else list(argv), not args.no_single_copy)
     print("+ " + " ".join(command), file=sys.stderr, flush=True)
     code = subprocess.call(command, env=env)
     if code not in (0, EXIT_MISMATCH):

@@ -32,7 +32,8 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from shmcoll import lanes, topology
+from shmcoll import lanes, single_copy, topology
+from shmcoll._logging import log
 from shmcoll.agreement import agree_settings
 from shmcoll.arena import LANE_MIN_CHUNK, MAX_LANES
 from shmcoll.node_arena import open_node_arena
@@ -112,6 +113,13 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
         arena.describe = describe
     waits = WaitBudgets(settings, len(topo.local_ranks))
     if topo.single_node:
+        refused = single_copy.agree(store, f"{keys}/single-copy", rank, topo.local_ranks, settings)
+        if refused is None:
+            arena.enable_single_copy()
+        elif rank == topo.local_ranks[0] and settings.single_copy != "0":
+            log.info("single-copy transfers are not allowed between the ranks of this node, so large collectives "
+                     "copy through shared memory: %s", refused)
         count = lanes.agree(store, keys, rank, topo.local_ranks, lanes_wanted(settings))
-        return OneNode(arena, rank, settings, waits, lanes.Lanes(arena, count, settings.thread_bytes, f"rank{rank}"))
+        return OneNode(arena, rank, settings, waits, lanes.Lanes(arena, count, settings.thread_bytes, f"rank{rank}"),
+                       refused)
     return Nodes(store, rank, size, timeout, topo, arena, keys, waits, settings)

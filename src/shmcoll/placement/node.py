@@ -15,8 +15,30 @@ from shmcoll.placement.whole import allgather_whole
 from shmcoll.staging import staged, staged_empty, unstage
 
 
+# Where reading the peers' buffers (single copy) beat the copy path through the arena: (least, most) bytes
+# per rank (a reduce-scatter's output, an all-gather's input, a broadcast's or all-reduce's message),
+# measured at 2 ranks on the 2-core VM (BENCHMARKS.md, "Single copy"), alternating the two paths.
+# Single copy copies each byte once, but in the kernel, which pins each page first: for a few KiB the
+# extra synchronisation costs more than the copy it saves; a broadcast above 1 MiB has one reader where
+# the copy path keeps both ranks copying; an all-reduce below 2 MiB does its chunks in cache-sized
+# steps that single copy's three meetings do not beat, and at 64 MiB the kernel's copy is the slower.
+SINGLE_COPY_SPANS = {
+    "all_gather": (16 << 10, None), "reduce_scatter": (16 << 10, None),
+    "broadcast": (8 << 10, 1 << 20), "all_reduce": (2 << 20, 32 << 20),
+}
+
+
+def _span(least: int, most: int | None) -> str:
+    return f"from {least >> 10} KiB" + (f" to {most >> 10} KiB" if most is not None else "")
+
+
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory of two contiguous tensors overlaps."""
+    return a.data_ptr() < b.data_ptr() + _nbytes(b) and b.data_ptr() < a.data_ptr() + _nbytes(a)
 
 
 class OnArena:
@@ -40,7 +62,7 @@ class OnArena:
 class OneNode(OnArena):
     """The group's placement when all its ranks share one arena."""
 
-    def __init__(self, arena, rank: int, settings, waits, lanes):
+    def __init__(self, arena, rank: int, settings, waits, lanes, single_copy_refused: str | None = None):
         self.arena = arena
         self.rank = rank
         self.waits = waits  # placement.WaitBudgets
@@ -50,6 +72,19 @@ class OneNode(OnArena):
         self.one_shot_bytes = min(settings.small_bytes, arena.chunk_bytes)
         self.settings = settings
         self.nodes = [arena.ranks]
+        self.single_copy_refused = single_copy_refused  # why the node may not read its peers' buffers, if so
+
+    def _single_copy(self, kind: str, nbytes: int) -> bool:
+        """Whether a collective ``kind`` of ``nbytes`` per rank reads the peers' buffers directly: the node
+        allows it, it would run on one thread (lanes, where a rank has several, split the copy path over
+        them instead), and it is where single copy was measured faster (``SINGLE_COPY_SPANS``), or
+        SHMCOLL_SINGLE_COPY=1 asks for every size."""
+        if self.arena.single_copy is None or self.lanes.how_many(nbytes) > 1:
+            return False
+        if self.settings.single_copy == "1":
+            return True
+        least, most = SINGLE_COPY_SPANS[kind]
+        return least <= nbytes and (most is None or nbytes <= most)
 
     # -- reductions ----------------------------------------------------------
 
@@ -84,6 +119,9 @@ class OneNode(OnArena):
         """All-reduce (or reduce to ``root``) the contiguous ``work`` in place, chunked, over the lanes its
         size calls for."""
         addr, itemsize = work.data_ptr(), work.element_size()
+        if root is None and self._single_copy("all_reduce", work.numel() * itemsize):
+            return allreduce.single_copy(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
+                                         red.scale, desc)
         self.lanes.run(desc, work.numel(), itemsize, lambda steps, lo, hi: allreduce.reduce_scatter_allgather(
             steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale, desc, root=root))
 
@@ -95,6 +133,10 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         target = staged(out)
         addr, into, block, itemsize = source.data_ptr(), target.data_ptr(), out.numel(), out.element_size()
+        if self._single_copy("reduce_scatter", block * itemsize) and not _overlap(target, source):
+            reduce_scatter.single_copy(self.arena, addr, block, itemsize, red.kernel, red.op.kernel, red.scale, into,
+                                       desc)
+            return unstage(out, target)
         self.lanes.run(desc, block, itemsize, lambda steps, lo, hi: reduce_scatter.reduce_scatter(
             steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale,
             into + lo * itemsize, desc, block_stride=block))
@@ -107,6 +149,9 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         work = staged(tensor)
         addr = work.data_ptr()
+        if self._single_copy("broadcast", _nbytes(tensor)):
+            broadcast.single_copy(self.arena, addr, _nbytes(tensor), root, desc)
+            return unstage(tensor, work)
         self.lanes.run(desc, _nbytes(tensor), 1, lambda steps, lo, hi: broadcast.broadcast(
             steps, addr + lo, hi - lo, root, desc))
         unstage(tensor, work)
@@ -127,6 +172,9 @@ class OneNode(OnArena):
         source = input.contiguous()
         target = staged_empty(output)
         addr, out = source.data_ptr(), target.data_ptr()
+        if self._single_copy("all_gather", nbytes):
+            allgather.single_copy(self.arena, addr, nbytes, out, nbytes, desc)
+            return unstage(output, target)
         self.lanes.run(desc, nbytes, 1, lambda steps, lo, hi: allgather.allgather_strided(
             steps, addr + lo, hi - lo, out + lo, nbytes, desc))
         unstage(output, target)
@@ -207,6 +255,10 @@ class OneNode(OnArena):
                 f"  all_reduce: one-shot up to {self.one_shot_bytes} B, chunked reduce-scatter + all-gather above",
                 f"  threads per collective: up to {self.lanes.count} (one per {s.thread_bytes // 1024} KiB "
                 f"of message)",
+                "  single copy: " + (f"off ({self.single_copy_refused})" if self.single_copy_refused else
+                                     "every size (SHMCOLL_SINGLE_COPY=1)" if s.single_copy == "1" else
+                                     "where measured faster: " + ", ".join(
+                                         f"{kind} {_span(*span)}" for kind, span in SINGLE_COPY_SPANS.items())),
                 self.waits.describe()]
 
     def close(self) -> None:

@@ -1,0 +1,40 @@
+"""Single-copy transfers inside a node (peers read each other's buffers): forced on and off, the collective
+matrix against its references; refused by the kernel, the copy path, said at INFO."""
+import pytest
+
+from tests.harness import assert_job_passes, spawn
+
+# 600001 elements: past every span of placement.node.SINGLE_COPY_SPANS for 4-byte types but the
+# all-reduce's 32 MiB, and past one chunk, so that single copy's pieces loop.
+SCENARIOS = [("allreduce_matrix", ["600001"], 374), ("data_movement", ["600001"], None),
+             ("rooted_and_scattered", [], None)]
+
+
+def _cases(scenario: str, world: int, fixed) -> int:
+    return fixed or {"data_movement": 75 + 36 * world, "rooted_and_scattered": 399}[scenario]
+
+
+@pytest.mark.parametrize("mode", ["1", "0"], ids=["single-copy", "copy"])
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("scenario, args, cases", SCENARIOS, ids=[s for s, _, _ in SCENARIOS])
+def test_collectives_on_each_path(scenario, args, cases, world_size, mode):
+    env = {"SHMCOLL_SINGLE_COPY": mode, "SHMCOLL_CHUNK_BYTES": "65536", "SHMCOLL_LOG_LEVEL": "INFO"}
+    result = spawn(f"tests.scenarios:{scenario}", world_size, env=env, args=args, timeout=300)
+    assert_job_passes(result, min_cases=_cases(scenario, world_size, cases))
+    expected = "single copy: every size (SHMCOLL_SINGLE_COPY=1)" if mode == "1" else \
+        "single copy: off (SHMCOLL_SINGLE_COPY=0)"
+    assert expected in result.outputs[0], result.outputs[0]
+
+
+def test_refused_by_the_kernel_uses_the_copy_path():
+    """Rank 1 is not dumpable and rank 0 lacks CAP_SYS_PTRACE: rank 0 may not read rank 1's memory. The
+    probe finds it, every rank takes the copy path, and rank 0 says why at INFO."""
+    result = spawn("tests.scenarios:data_movement", 2, timeout=300,
+                   env={"SHMCOLL_SINGLE_COPY": "1", "SHMCOLL_LOG_LEVEL": "INFO", "SHMCOLL_CHUNK_BYTES": "65536"},
+                   rank_env=lambda rank: {"SHMCOLL_TEST_NOT_DUMPABLE": "1"} if rank == 1 else {},
+                   rank_prefix=lambda rank: ["setpriv", "--bounding-set", "-sys_ptrace"] if rank == 0 else [])
+    assert_job_passes(result, min_cases=75 + 36 * 2)
+    assert ("single-copy transfers are not allowed between the ranks of this node, so large collectives copy "
+            "through shared memory: rank 0: process_vm_readv of local rank 1") in result.outputs[0], result.outputs[0]
+    assert "Operation not permitted" in result.outputs[0]
+    assert "single copy: off (rank 0: process_vm_readv" in result.outputs[0], result.outputs[0]
