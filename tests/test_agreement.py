@@ -6,7 +6,7 @@ from tests.harness import assert_job_passes, spawn
 
 DEFAULTS = {"SHMCOLL_CHUNK_BYTES": 512 * 1024, "SHMCOLL_P2P_BYTES": 64 * 1024,
             "SHMCOLL_SMALL_BYTES": 64 * 1024, "SHMCOLL_THREAD_BYTES": 512 * 1024,
-            "SHMCOLL_SEGMENT_BYTES": 2 * 1024 * 1024}
+            "SHMCOLL_SEGMENT_BYTES": 2 * 1024 * 1024, "SHMCOLL_SINGLE_COPY": "auto"}
 
 
 # (variable, value on one rank, that rank): smaller on a rank that attaches, larger on the creator.
@@ -15,6 +15,7 @@ DEFAULTS = {"SHMCOLL_CHUNK_BYTES": 512 * 1024, "SHMCOLL_P2P_BYTES": 64 * 1024,
     ("SHMCOLL_P2P_BYTES", 4 * 1024, 1), ("SHMCOLL_P2P_BYTES", 256 * 1024, 0),
     ("SHMCOLL_SMALL_BYTES", 1024, 1), ("SHMCOLL_SMALL_BYTES", 512 * 1024, 0),
     ("SHMCOLL_THREAD_BYTES", 64 * 1024, 1), ("SHMCOLL_THREAD_BYTES", 2 * 1024 * 1024, 0),
+    ("SHMCOLL_SINGLE_COPY", "0", 1), ("SHMCOLL_SINGLE_COPY", "1", 0),
 ])
 def test_ranks_with_different_settings_use_rank_0s(variable, value, odd_rank):
     # Two threads per rank, so that SHMCOLL_THREAD_BYTES decides how many lanes a collective takes.

@@ -32,7 +32,7 @@ def agree_settings(store, keys: str, rank: int, size: int, settings: _env.Settin
         for variable, value in mine.items():
             differ = {r: values[variable] for r, values in enumerate(theirs, start=1) if values[variable] != value}
             if differ:
-                log.warning("%s differs between the ranks of a new shm group: rank 0 has %d, %s; the group uses "
+                log.warning("%s differs between the ranks of a new shm group: rank 0 has %s, %s; the group uses "
                             "rank 0's value on every rank (it shapes the shared arena or a collective's plan, "
                             "which every rank must share)", variable, value,
                             _some(f"rank {r} {v}" for r, v in differ.items()))
@@ -40,7 +40,7 @@ def agree_settings(store, keys: str, rank: int, size: int, settings: _env.Settin
     agreed = json.loads(store.get(f"{keys}/settings/0"))
     for variable, value in mine.items():
         if agreed[variable] != value:
-            log.warning("rank %d: %s is %d here but %d on rank 0; this shm group uses rank 0's value", rank,
+            log.warning("rank %d: %s is %s here but %s on rank 0; this shm group uses rank 0's value", rank,
                         variable, value, agreed[variable])
     return _env.with_group_wide(settings, agreed)
 
