@@ -31,7 +31,7 @@ def __getattr__(name: str) -> Any:
     It is the class the "shm" creator returns: a ProcessGroup subclass (``shmcoll.pg_bindings``).
     """
     if name == "ProcessGroupShm":
-        from shmcoll.backend import group_class
+        from shmcoll.pg_bindings import ProcessGroupShm
 
-        return group_class()
+        return ProcessGroupShm
     raise AttributeError(f"module 'shmcoll' has no attribute {name!r}")

@@ -27,6 +27,6 @@ def register_backend() -> bool:
 
 def _create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta):
     # Imported here so registration never pays for NumPy, Numba or the extension.
-    from shmcoll.backend import create
+    from shmcoll.pg_bindings import ProcessGroupShm
 
-    return create(store, rank, world_size, timeout)
+    return ProcessGroupShm(store, rank, world_size, timeout)

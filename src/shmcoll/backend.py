@@ -7,10 +7,12 @@ the group is made, decides where the bytes go; the ProgressEngine runs the
 collectives in issue order (inline when synchronous and nothing is queued, on
 the progress thread otherwise).
 
-``Collectives`` holds the methods; ``ProcessGroupShm`` (``shmcoll.pg_bindings``),
-a Python ProcessGroup subclass, gives them c10d's call forms, and is what the
-creator returns on every supported torch (docs/DESIGN.md says why not a Python
-c10d Backend under a C++ group, which torch 2.14 allows).
+``Collectives`` holds the methods, one per collective; ``ProcessGroupShm``
+(``shmcoll.pg_bindings``), a Python ProcessGroup subclass, gives them c10d's call
+forms and names (aliases included), keeps them out of TorchDynamo, and is what
+the creator returns on every supported torch (docs/DESIGN.md says why not a
+Python c10d Backend under a C++ group, which torch 2.14 allows). This module
+imports nothing of it.
 """
 from __future__ import annotations
 
@@ -255,8 +257,6 @@ class Collectives:
         # Only the input's data is read, so a contiguous one is not flattened (reshape costs a microsecond).
         return self._reduce_scatter(output, lambda: input if input.is_contiguous() else input.contiguous(), opts)
 
-    _reduce_scatter_base = reduce_scatter_single
-
     def _reduce_scatter(self, output, stacked, opts):
         """``stacked()``: a contiguous tensor of every rank's block for ``output``, in rank order."""
         red = self._reductions.plan(_reduce_op(opts), output.dtype, "reduce_scatter")
@@ -283,8 +283,6 @@ class Collectives:
 
         return self._launch_each(scatters, reduce_scatter, list(outputs), opts)
 
-    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
-
     # -- data movement -------------------------------------------------------
 
     def broadcast(self, tensors, opts=None):
@@ -303,8 +301,6 @@ class Collectives:
         checks.gathered(output, input, self._size, "all_gather_into_tensor", "output", "input")
         desc = ops.descriptor(ops.ALLGATHER, *ops.movement(input))
         return self._launch(desc, lambda: self._placement.allgather_into(output, input, desc), [output], opts)
-
-    _allgather_base = all_gather_single
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """``output_lists[r][i]`` receives rank r's ``input_list[i]`` (torch's documented layout, as Gloo's)."""
@@ -328,8 +324,6 @@ class Collectives:
             checks.gathered(output, input, self._size, "all_gather_into_tensor_coalesced", "output", "input")
             gathers.append((output, input, ops.descriptor(ops.ALLGATHER, *ops.movement(input))))
         return self._launch_each(gathers, self._placement.allgather_into, list(outputs), opts)
-
-    all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def gather(self, output_lists, input_tensors, opts=None):
         tensor = checks.one_tensor(input_tensors, "gather")
@@ -366,8 +360,6 @@ class Collectives:
         desc = ops.descriptor(ops.ALLTOALL, 0, ops.movement_code(input.dtype))
         return self._launch(desc, lambda: self._placement.alltoall_single(output, input, out_blocks, in_blocks,
                                                                           desc), [output], opts)
-
-    all_to_all_single = alltoall_base
 
     def barrier(self, opts=None):
         desc = ops.descriptor(ops.BARRIER)
@@ -439,22 +431,6 @@ def _until(condition, deadline: float | None) -> bool:
             return False
         time.sleep(0.001)
     return True
-
-
-
-
-_torch_compat.skip_dynamo(Collectives)
-
-def create(store, rank: int, size: int, timeout: timedelta):
-    """What the creator registered for "shm" returns: the group itself."""
-    return group_class()(store, rank, size, timeout)
-
-
-def group_class():
-    """``pg_bindings.ProcessGroupShm`` (imported on first use: it is the class c10d sees)."""
-    from shmcoll.pg_bindings import ProcessGroupShm
-
-    return ProcessGroupShm
 
 
 def of_group(group=None) -> Collectives:
