@@ -13,11 +13,3 @@ def copy(uintptr_t dst, uintptr_t src, size_t nbytes):
         with nogil:
             memcpy(<void *>dst, <const void *>src, nbytes)
 
-
-def copy_strided(uintptr_t dst, Py_ssize_t dst_stride, uintptr_t src, Py_ssize_t src_stride,
-                 size_t nbytes, Py_ssize_t count):
-    """``count`` copies of ``nbytes``: block i goes from src + i*src_stride to dst + i*dst_stride."""
-    cdef Py_ssize_t i
-    with nogil:
-        for i in range(count):
-            memcpy(<void *>(dst + i * dst_stride), <const void *>(src + i * src_stride), nbytes)

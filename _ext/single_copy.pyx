@@ -38,14 +38,10 @@ cdef enum:
     _DONE = -1
     _MISMATCH = -2
     _FAILED = -3
-    _PID = 48  # int32 in each control line: the rank's pid (arena.PID_OFFSET)
-    _ADDRESS = 56  # four uint64 after it: the buffer address a rank published with step s, at s % 4
 
 DONE = _DONE
 MISMATCH = _MISMATCH
 FAILED = _FAILED
-PID_OFFSET = _PID
-ADDRESS_OFFSET = _ADDRESS
 
 
 cdef inline uint64_t *_address_slot(uintptr_t lines, int rank, uint32_t step) noexcept nogil:

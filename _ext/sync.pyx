@@ -31,11 +31,9 @@ cdef extern from "<errno.h>" nogil:
     int errno
     int ESRCH
 
-# Byte offsets inside a control line.
-LINE_BYTES = 128
-STEP_OFFSET = 0
-WAITERS_OFFSET = 4
-DESC_OFFSET = 8  # four uint64 slots, up to byte 40
+# The control line's layout (lines.pxi), for the arena's Python side.
+LINE_BYTES = _LINE
+PID_OFFSET = _PID
 
 
 def post(uintptr_t lines, int rank, uint32_t step, uint64_t desc):
@@ -51,11 +49,6 @@ def load_step(uintptr_t lines, int rank):
 def load_desc(uintptr_t lines, int rank, uint32_t step):
     """The descriptor ``rank`` published with ``step`` (valid while it is at most 2 steps past it)."""
     return arch.shmcoll_load_acquire_u64(_desc_slot(lines, rank, step))
-
-
-def wake(uintptr_t lines, int rank):
-    """Wake every process sleeping on ``rank``'s step word (used on abort)."""
-    arch.shmcoll_futex_wake_all(_step_word(lines, rank))
 
 
 def wait_ranks(uintptr_t lines, int first, int stop, int skip, uint32_t target,

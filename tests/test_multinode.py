@@ -94,7 +94,7 @@ def test_torchrun_three_uneven_nodes():
 def test_rank_that_cannot_map_its_arena_runs_as_a_node_of_its_own():
     """2 x 2, rank 1 fails to map the arena rank 0 created (test-only hook): nodes [0], [1], [2, 3]."""
     before = shm_entries()
-    result = spawn("tests.multinode:matrix", 4, env={**SMALL_CHUNKS, "SHMCOLL_TEST_FAIL_ATTACH": "1"}, args=["5003"],
+    result = spawn("tests.multinode:matrix", 4, env={**SMALL_CHUNKS, "TEST_FAIL_ATTACH": "1"}, args=["5003"],
                    rank_env=_hosts([0, 0, 1, 1]), timeout=90)
     assert_job_passes(result, min_cases=206)
     for report in result.reports:
@@ -102,7 +102,7 @@ def test_rank_that_cannot_map_its_arena_runs_as_a_node_of_its_own():
     for rank in (0, 1):  # the rank itself and rank 0 say so
         assert "rank 1 cannot map the shm arena of its node (ranks 0, 1)" in result.outputs[rank], \
             result.outputs[rank]
-        assert "SHMCOLL_TEST_FAIL_ATTACH" in result.outputs[rank]
+        assert "TEST_FAIL_ATTACH" in result.outputs[rank]
     assert "cannot map" not in result.outputs[2] + result.outputs[3]
     assert shm_entries() - before == set()
 
@@ -135,13 +135,13 @@ def test_one_node_job_with_a_rank_in_another_pid_namespace():
 
 def test_arena_that_cannot_be_created_fails_on_every_rank_of_every_node():
     """Rank 2 cannot create node [2, 3]'s arena: every rank raises naming it, none waits for Gloo."""
-    result = spawn("tests.multinode:layout_only", 4, env={"SHMCOLL_TEST_FAIL_ATTACH": "2"},
+    result = spawn("tests.multinode:layout_only", 4, env={"TEST_FAIL_ATTACH": "2"},
                    rank_env=_hosts([0, 0, 1, 1]), timeout=60)
     for rank in range(4):
         output = result.outputs[rank]
         assert result.returncodes[rank] != 0 and result.reports[rank] is None, output
         assert "cannot set up the shm group: rank 2 (node of ranks 2, 3)" in output, output
-        assert "SHMCOLL_TEST_FAIL_ATTACH" in output, output
+        assert "TEST_FAIL_ATTACH" in output, output
 
 
 # -- a rank of another node dies mid-collective ------------------------------------------

@@ -17,7 +17,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from tests import leaks
+from tests import fault_hooks, leaks
 
 
 class Cases:
@@ -44,6 +44,7 @@ def main() -> int:
     if os.environ.get("SHMCOLL_TEST_NOT_DUMPABLE"):
         # tests/test_single_copy.py: peers without CAP_SYS_PTRACE may then not read this process's memory.
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    fault_hooks.install_from_environment()
     before = leaks.references()
     dist.init_process_group(os.environ["SHMCOLL_TEST_BACKEND"], init_method="env://")
     rank = dist.get_rank()

@@ -20,11 +20,6 @@ def _single_copy(text: str) -> str:
     return text.strip().lower()
 
 
-def _ranks(text: str) -> frozenset:
-    """Parse '1,3' (group ranks)."""
-    return frozenset(int(part) for part in text.split(",") if part.strip())
-
-
 GROUP_WIDE = {"group_wide": True}
 
 
@@ -45,10 +40,6 @@ class Settings:
     spin_us: float | None = None
     yield_us: float | None = None
     hostid: str | None = None
-    # Test-only fault injection, never set in production: the listed group ranks (of every
-    # shm group the process creates) fail to map their node's arena, as if the creator's
-    # /proc/PID/fd were out of reach; a listed creator fails to create it (see arena.open_arena).
-    test_fail_attach: frozenset = frozenset()
 
 
 _PARSERS = {
@@ -63,7 +54,6 @@ _PARSERS = {
     "spin_us": ("SHMCOLL_SPIN_US", float),
     "yield_us": ("SHMCOLL_YIELD_US", float),
     "hostid": ("SHMCOLL_HOSTID", str),
-    "test_fail_attach": ("SHMCOLL_TEST_FAIL_ATTACH", _ranks),
 }
 
 

@@ -44,7 +44,7 @@ HEADER_BYTES = 256
 # that maps the segment checks it against what it derived itself (``_check_header``).
 MAGIC_WORD, LOCAL_SIZE_WORD, CHUNK_WORD, P2P_WORD, SIZE_WORD = 0, 1, 2, 4, 5
 LINE_BYTES = _sync.LINE_BYTES
-PID_OFFSET = 48  # int32 in each control line, after the step word and descriptors
+PID_OFFSET = _sync.PID_OFFSET  # of a rank's pid in its control line (_ext/lines.pxi has the line's layout)
 ABANDONED_WORD = 3  # uint64 of the header: 1 + the group rank that gave up mid-collective, else 0
 PAGE = 4096
 NAME_PREFIX = "shmcoll-"
@@ -244,7 +244,6 @@ class Arena(Steps):
     def enable_single_copy(self) -> None:
         """Collectives may read the peers' buffers directly (``shmcoll.single_copy`` found it allowed), over
         this arena's control lines, with our scratch for the pieces of a reduction."""
-        assert _single_copy.PID_OFFSET == PID_OFFSET
         self.single_copy = _single_copy.SingleCopy(self.lines, self.local_rank, self.local_size, self.scratch,
                                                    self.chunk_bytes, self.spin_ns, self.yield_ns, _SLICE_NS)
 
@@ -303,8 +302,6 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
     me = ranks[local_rank]
     if local_rank == 0:
         try:
-            if me in settings.test_fail_attach:
-                raise OSError(errno.EACCES, f"SHMCOLL_TEST_FAIL_ATTACH (test-only) names rank {me}")
             segment = _create_unique(settings.shm_dir, size, local_size)
         except Exception as error:
             store.set(key, _ERROR + f"{type(error).__name__}: {error}")
@@ -363,9 +360,6 @@ def _map_created(name: str, size: int, settings, ranks: list[int], local_rank: i
     creator is gone.
     """
     me, creator = ranks[local_rank], ranks[0]
-    if me in settings.test_fail_attach:
-        raise AttachError(f"rank {me} could not map the shm arena of rank {creator}: "
-                          f"SHMCOLL_TEST_FAIL_ATTACH (test-only fault injection) names rank {me}")
     ours = _pid_namespace()
     if ours != creator_pidns:
         # /proc/PID/fd/N names another process there, and the liveness checks of every

@@ -204,14 +204,6 @@ class ProgressEngine:
                 self._cv.notify_all()
             work._finish(error, source)
 
-    def drain(self) -> None:
-        """Wait until everything issued so far has finished."""
-        with self._cv:
-            while self._queue or self._running:
-                self._waiters += 1
-                self._cv.wait()
-                self._waiters -= 1
-
     def close(self) -> None:
         """Finish queued work, then stop the thread."""
         with self._cv:

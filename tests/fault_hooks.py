@@ -1,0 +1,31 @@
+"""Faults the tests inject into a rank from outside the package (tests/worker.py installs them).
+
+``TEST_FAIL_ATTACH=1,3``: the listed ranks (``$RANK``, the default group's) fail to map their node's
+arena, as if the creator's /proc/PID/fd were out of reach, and so run as nodes of their own; a listed
+creator fails to create it, which is an error on every rank (shmcoll.node_arena).
+"""
+from __future__ import annotations
+
+import errno
+import os
+
+
+def install_from_environment() -> None:
+    listed = {int(r) for r in os.environ.get("TEST_FAIL_ATTACH", "").split(",") if r.strip()}
+    if int(os.environ.get("RANK", "-1")) in listed:
+        _fail_attach(int(os.environ["RANK"]))
+
+
+def _fail_attach(me: int) -> None:
+    from shmcoll import arena
+    from shmcoll.errors import AttachError
+
+    def cannot_create(*args, **kwargs):
+        raise OSError(errno.EACCES, f"TEST_FAIL_ATTACH (tests/fault_hooks.py) names rank {me}")
+
+    def cannot_map(name, size, settings, ranks, local_rank, creator_pidns):
+        raise AttachError(f"rank {me} could not map the shm arena of rank {ranks[0]}: TEST_FAIL_ATTACH "
+                          f"(tests/fault_hooks.py) names rank {me}")
+
+    arena._create_unique = cannot_create
+    arena._map_created = cannot_map
