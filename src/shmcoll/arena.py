@@ -15,7 +15,7 @@ Terms:
   scratch  ``chunk_bytes`` per rank that only its owner touches, for results
            computed within one step (a slot of the other buffer is not
            private: the next collective's root may write every slot of it).
-  channel  a one-way lane for point-to-point messages from one local rank to
+  channel  a one-way path for point-to-point messages from one local rank to
            another: two control lines (sender's sequence, receiver's
            acknowledgement) and two halves of ``p2p_bytes / 2`` (see p2p.py).
 

@@ -207,10 +207,10 @@ class PointToPoint:
                     transfer.last_progress = time.monotonic()
                 self._check_stalled(transfer)
             except BaseException as error:
-                work._finish(error)
+                work.finish(error)
                 continue
             if transfer.done:
-                work._finish(None, self._source(transfer))
+                work.finish(None, self._source(transfer))
             else:
                 blocked.add(key)
                 any_recv_blocked |= is_recv and transfer.peer is None
@@ -254,7 +254,7 @@ class PointToPoint:
         with self._cv:
             self._closed = True
             for _, work in self._pending:
-                work._finish(ShmcollError(f"{self._name}: process group shut down with this transfer pending"))
+                work.finish(ShmcollError(f"{self._name}: process group shut down with this transfer pending"))
             self._pending = []
             self._cv.notify_all()
             thread = self._thread

@@ -78,7 +78,7 @@ class AsyncWork(dist.Work):
 
     # -- called by the progress thread ----------------------------------------
 
-    def _finish(self, error: BaseException | None = None, source_rank: int | None = None) -> None:
+    def finish(self, error: BaseException | None = None, source_rank: int | None = None) -> None:
         if source_rank is not None:
             self._source = source_rank
         self._error = error
@@ -202,7 +202,7 @@ class ProgressEngine:
             with self._cv:
                 self._running = False
                 self._cv.notify_all()
-            work._finish(error, source)
+            work.finish(error, source)
 
     def close(self) -> None:
         """Finish queued work, then stop the thread."""
@@ -222,7 +222,7 @@ class ProgressEngine:
             queued, self._queue = list(self._queue), collections.deque()
             self._cv.notify_all()
         for _, work in queued:
-            work._finish(error)
+            work.finish(error)
         deadline = time.monotonic() + grace_s
         with self._cv:
             while self._running:
