@@ -13,11 +13,13 @@ Every rank's part arrives sorted by index (row-major order of the index
 tuples, as ``coalesce()`` leaves it) and without duplicates, so the sum is a
 k-way merge: take the smallest index at the ranks' heads, copy the value row of
 the lowest rank that has it, and add the rows of the higher ranks that have it
-too, in rank order. That is Gloo's result bit for bit: Gloo concatenates the
-parts in rank order and coalesces, and coalescing keeps equal indices in their
-order (a stable sort), copies the first row and adds the others one by one.
-Adding row by row, each addition rounded to the value dtype, is what calling
-the reduction kernel once per added row does (``n`` elements, one row).
+too, in rank order. That is Gloo's result bit for bit: Gloo adds the ranks'
+sparse tensors one by one in rank order, each addition rounded, so an element
+of the sum is ((rank 0 + rank 1) + rank 2) + ... (concatenating the parts and
+coalescing once would not be: torch's coalesce does not keep equal indices in
+rank order; ``shmcoll.sparse``). Adding row by row, each addition rounded to the
+value dtype, is what calling the reduction kernel once per added row does
+(``n`` elements, one row).
 
 The merge is two passes. ``plan`` walks the indices alone, comparing them,
 and writes down the order: for every row of the parts, whether it starts a
