@@ -19,7 +19,7 @@ OPS = (kernel_abi.SUM, kernel_abi.PRODUCT, kernel_abi.MIN, kernel_abi.MAX, kerne
 
 def _inputs(dtype: str, n: int, k: int, seed: int):
     rng = np.random.default_rng(seed)
-    np_dtype = kernels.NUMPY_DTYPES[dtype]
+    np_dtype = kernel_abi.DTYPE_BY_NAME[dtype].numpy
     shape = (k + 1, n + 3)  # rows padded: the row stride is not n
     if dtype == "bool":
         data = rng.integers(0, 2, size=shape).astype(np.bool_)
@@ -45,8 +45,8 @@ def test_library_matches_the_jit_kernels(dtype):
     for op in OPS:
         if not kernel_abi.supports(dtype, op):
             continue
-        scale = 3.0 if op == kernel_abi.AVG else (0.5 if op == kernel_abi.SUM and dtype in kernel_abi.FLOAT_DTYPES
-                                                   else 1.0)
+        floating = kernel_abi.DTYPE_BY_NAME[dtype].nature == kernel_abi.FLOAT
+        scale = 3.0 if op == kernel_abi.AVG else (0.5 if op == kernel_abi.SUM and floating else 1.0)
         for n, k in ((0, 1), (1, 1), (7, 2), (1000, 3), (5003, 1)):
             first, rows = _inputs(dtype, n, k, seed=n * 31 + k * 7 + op)
             expected = np.empty_like(first)
@@ -55,6 +55,21 @@ def test_library_matches_the_jit_kernels(dtype):
             call(got.ctypes.data, first.ctypes.data, rows.ctypes.data, k, rows.shape[1], n, op, scale)
             np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8),
                                           err_msg=f"{dtype} op {op} n={n} k={k}")
+
+
+@pytest.mark.parametrize("source", ["kernels.py", "kernel_intrinsics.py", "kernel_abi.py"])
+def test_a_changed_kernel_source_changes_the_library(source, tmp_path, monkeypatch):
+    """The library's key hashes every file the kernels are compiled from: a change in any gets a new library."""
+    here = os.path.dirname(kernel_library.__file__)
+    for name in ("kernels.py", "kernel_intrinsics.py", "kernel_abi.py", "kernel_library.py"):
+        with open(os.path.join(here, name), "rb") as f:
+            (tmp_path / name).write_bytes(f.read())
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernel_library, "__file__", str(tmp_path / "kernel_library.py"))
+    before = kernel_library.library_path()
+    with open(tmp_path / source, "a") as f:
+        f.write("# changed\n")
+    assert kernel_library.library_path() != before
 
 
 def test_a_warm_job_never_imports_numba():

@@ -8,10 +8,11 @@ them as one position-independent object, and the system C compiler links it
 into ``kernels-<key>.so``. Later processes ``dlopen`` that file and read the
 addresses: about a millisecond.
 
-The key hashes everything the machine code depends on: the kernel sources,
-the Numba and llvmlite installs, and the CPU (model and feature flags, since
-the code is compiled for the host CPU, like Numba's own JIT). A changed input
-gets a new file; a library made elsewhere is never loaded here.
+The key hashes everything the machine code depends on: the kernel sources
+(``kernels``, ``kernel_intrinsics``, ``kernel_abi`` and this file), the Numba
+and llvmlite installs, and the CPU (model and feature flags, since the code is
+compiled for the host CPU, like Numba's own JIT). A changed input gets a new
+file; a library made elsewhere is never loaded here.
 
 Numba's code names a few helpers of its runtime (raising an exception, the
 reference counting of arrays it allocates). Nothing calls them: the kernels
@@ -115,7 +116,7 @@ def library_path() -> str:
     """The library file this machine and install would load (it may not exist yet)."""
     digest = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("kernels.py", "kernel_abi.py", "kernel_library.py"):
+    for name in ("kernels.py", "kernel_intrinsics.py", "kernel_abi.py", "kernel_library.py"):
         with open(os.path.join(here, name), "rb") as f:
             digest.update(f.read())
     for package in ("numba", "llvmlite"):

@@ -1,50 +1,26 @@
-"""Dtype and reduce-op tables, and the descriptor every collective stamps on its steps.
+"""The dtype and reduce-op tables in torch's terms, and the descriptor every collective stamps on its steps.
 
-Half-precision tensors travel as raw 16-bit patterns (NumPy has no bfloat16);
-the kernels know which format the bits are in.
+The tables themselves are ``kernel_abi``'s (torch-free): this module adds each dtype's
+torch dtype by name and each op's ``ReduceOp``. Half-precision tensors travel as raw
+16-bit patterns (NumPy has no bfloat16); the kernels know which format the bits are in.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
 import torch
 from torch.distributed import ReduceOp
 
 from shmcoll import _torch_compat, kernel_abi
 
 
-class DType(NamedTuple):
-    name: str  # kernel name in shmcoll.kernels
-    numpy: np.dtype  # element type of arena views and kernel arrays
-    code: int  # small integer for descriptors
-
-
-_DTYPE_LIST = [
-    (torch.float32, "float32", np.float32),
-    (torch.float64, "float64", np.float64),
-    (torch.float16, "float16", np.uint16),
-    (torch.bfloat16, "bfloat16", np.uint16),
-    (torch.int8, "int8", np.int8),
-    (torch.int16, "int16", np.int16),
-    (torch.int32, "int32", np.int32),
-    (torch.int64, "int64", np.int64),
-    (torch.uint8, "uint8", np.uint8),
-    (torch.bool, "bool", np.bool_),
-]
-DTYPES: dict[torch.dtype, DType] = {
-    t: DType(name, np.dtype(npt), code) for code, (t, name, npt) in enumerate(_DTYPE_LIST, start=1)
-}
-_DTYPE_BY_CODE = {d.code: d.name for d in DTYPES.values()}
-# Data movement (broadcast, gather, ...) moves any CPU dtype as bytes; its descriptor still
-# names the dtype (codes after the reducible ones) so that ranks disagreeing on it are caught.
-_MOVEMENT_ONLY = [getattr(torch, name) for name in (
-    "complex64", "complex128", "complex32", "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
-    "float8_e4m3fnuz", "float8_e5m2fnuz", "qint8", "quint8", "qint32") if hasattr(torch, name)]
-_MOVEMENT_CODES = {**{t: d.code for t, d in DTYPES.items()},
-                   **{t: code for code, t in enumerate(_MOVEMENT_ONLY, start=len(DTYPES) + 1) if code < 32}}
-_DTYPE_BY_CODE.update({code: str(t).removeprefix("torch.") for t, code in _MOVEMENT_CODES.items()
-                       if code not in _DTYPE_BY_CODE})
+# The dtypes the kernels reduce, and every dtype a descriptor names (kernel_abi.DTYPE_TABLE, by name).
+DTYPES: dict[torch.dtype, kernel_abi.DType] = {
+    getattr(torch, d.name): d for d in kernel_abi.DTYPE_TABLE if d.family is not None}
+_MOVEMENT_CODES = {getattr(torch, d.name): d.code for d in kernel_abi.DTYPE_TABLE if hasattr(torch, d.name)}
+_DTYPE_BY_CODE = {d.code: d.name for d in kernel_abi.DTYPE_TABLE}
+# the floats narrower than float32: the kernels compute them in float32 and round once
+_NARROW_FLOATS = frozenset(t for t, d in DTYPES.items() if d.nature == kernel_abi.FLOAT and d.numpy.itemsize < 4)
 
 
 def movement_code(dtype: torch.dtype) -> int:
@@ -62,27 +38,20 @@ class Op(NamedTuple):
     name: str
     kernel: int  # shmcoll.kernel_abi op code
     average: bool  # the kernel divides the sum by its ``scale`` argument (the rank count)
-    code: int
+    code: int  # descriptor op code: kernel + 1 (0: no op)
     gloo: ReduceOp  # what Gloo applies to partial results between nodes (AVG: SUM, divided after)
 
 
-def _op_table():
-    R = ReduceOp.RedOpType
-    table = [
-        (R.SUM, "sum", kernel_abi.SUM, False, ReduceOp.SUM),
-        (R.PRODUCT, "product", kernel_abi.PRODUCT, False, ReduceOp.PRODUCT),
-        (R.MIN, "min", kernel_abi.MIN, False, ReduceOp.MIN),
-        (R.MAX, "max", kernel_abi.MAX, False, ReduceOp.MAX),
-        (R.BAND, "band", kernel_abi.BAND, False, ReduceOp.BAND),
-        (R.BOR, "bor", kernel_abi.BOR, False, ReduceOp.BOR),
-        (R.BXOR, "bxor", kernel_abi.BXOR, False, ReduceOp.BXOR),
-        (R.AVG, "avg", kernel_abi.AVG, True, ReduceOp.SUM),
-    ]
-    return {t: Op(name, kern, avg, code, gloo) for code, (t, name, kern, avg, gloo) in enumerate(table, start=1)}
+def _kind(spec: kernel_abi.OpSpec):
+    """The ``RedOpType`` of a row of kernel_abi.REDUCE_OPS (by name)."""
+    return getattr(ReduceOp.RedOpType, spec.name.upper())
 
 
-_OPS = _op_table()
+_OPS = {_kind(o): Op(o.name, o.kernel, o.average, o.kernel + 1, getattr(ReduceOp, o.gloo.upper()))
+        for o in kernel_abi.REDUCE_OPS}
 _OP_NAME_BY_CODE = {o.code: o.name for o in _OPS.values()}
+# complex tensors are reduced as their real view: the linear ops only
+_COMPLEX_KINDS = frozenset([_kind(o) for o in kernel_abi.REDUCE_OPS if o.complex] + [ReduceOp.RedOpType.PREMUL_SUM])
 
 
 def kind_of(redop):
@@ -91,7 +60,7 @@ def kind_of(redop):
     return redop if isinstance(redop, ReduceOp.RedOpType) else redop.op
 
 
-def reduce_op(kind, dtype: torch.dtype) -> tuple[Op, DType]:
+def reduce_op(kind, dtype: torch.dtype) -> tuple[Op, kernel_abi.DType]:
     """Resolve (RedOpType, dtype) to kernel terms, or raise a clear error.
 
     PREMUL_SUM(factor) resolves to SUM (``Reduction.scale`` carries the factor);
@@ -107,24 +76,20 @@ def reduce_op(kind, dtype: torch.dtype) -> tuple[Op, DType]:
     if dt is None:
         raise TypeError(f"shm backend cannot reduce tensors of dtype {dtype}; "
                         f"supported: {', '.join(str(t) for t in DTYPES)}")
-    if op.average and dt.name in _INTEGER_DTYPES:
+    # AVG of integer tensors has NCCL's meaning (Lightning's sync_dist relies on it): the
+    # sum, in the tensor's dtype, divided by the group size and rounded toward zero.
+    if op.average and dt.nature == kernel_abi.INTEGER:
         return _OPS[ReduceOp.RedOpType.SUM], dt
     if not kernel_abi.supports(dt.name, op.kernel):
         raise ValueError(f"reduce op {op.name.upper()} is not defined for {dtype} tensors")
     return op, dt
 
 
-# AVG of integer tensors has NCCL's meaning (Lightning's sync_dist relies on it): the
-# sum, in the tensor's dtype, divided by the group size and rounded toward zero.
-_INTEGER_DTYPES = frozenset(("int8", "int16", "int32", "int64", "uint8"))
-_COMPLEX_KINDS = frozenset((ReduceOp.RedOpType.SUM, ReduceOp.RedOpType.AVG, ReduceOp.RedOpType.PREMUL_SUM))
-
-
 class Reduction(NamedTuple):
     """How one reduction runs: kernel terms and what surrounds the kernel call."""
 
     op: Op  # what the kernels and rails apply (SUM for PREMUL_SUM and for integer AVG)
-    dtype: DType
+    dtype: kernel_abi.DType
     kernel: int  # address of the dtype's C entry point (shmcoll.kernel_abi)
     scale: float  # the kernel's scale: the group size for AVG, the factor for PREMUL_SUM, else 1.0
     as_real: bool  # a complex tensor, reduced as its real view
@@ -154,7 +119,7 @@ class Reduction(NamedTuple):
         nothing for other ops."""
         if not self.op.average:
             return
-        if tensor.dtype in (torch.float16, torch.bfloat16):
+        if tensor.dtype in _NARROW_FLOATS:
             tensor.copy_(tensor.float().div_(self.size))
         else:
             tensor.div_(self.size)

@@ -4,29 +4,26 @@ import numpy as np
 import pytest
 import torch
 
+from shmcoll import kernel_abi
 from shmcoll import kernels as K
 
 SUM, PRODUCT, MIN, MAX = K.SUM, K.PRODUCT, K.MIN, K.MAX
 BAND, BOR, BXOR = K.BAND, K.BOR, K.BXOR
 ALL_OPS = (SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR)
 FLOAT_OPS = (SUM, PRODUCT, MIN, MAX)
-INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
-HALF_DTYPES = ("float16", "bfloat16")
-FLOAT_DTYPES = ("float32", "float64") + HALF_DTYPES
 
-TORCH = {
-    "float32": torch.float32, "float64": torch.float64,
-    "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
-    "int64": torch.int64, "uint8": torch.uint8, "bool": torch.bool,
-}
+
+def _of(nature):
+    return tuple(d for d in K.DTYPES if kernel_abi.DTYPE_BY_NAME[d].nature == nature)
+
+
+# derived from kernel_abi's table, so that a dtype added there is swept too
+INT_DTYPES = _of(kernel_abi.INTEGER)
+FLOAT_DTYPES = _of(kernel_abi.FLOAT)
+HALF_DTYPES = tuple(d for d in FLOAT_DTYPES if kernel_abi.DTYPE_BY_NAME[d].numpy.kind == "u")  # raw 16-bit patterns
+TORCH = {name: getattr(torch, name) for name in K.DTYPES}
 # dtype of the numpy arrays each kernel takes
-NP = {
-    "float32": np.float32, "float64": np.float64,
-    "float16": np.uint16, "bfloat16": np.uint16,
-    "int8": np.int8, "int16": np.int16, "int32": np.int32,
-    "int64": np.int64, "uint8": np.uint8, "bool": np.bool_,
-}
+NP = {name: kernel_abi.DTYPE_BY_NAME[name].numpy.type for name in K.DTYPES}
 SIZES = (0, 1, 7, 1000, 100003)
 
 
@@ -202,7 +199,6 @@ def test_every_kernel_compiles_once():
         seen.add(id(kern))
         sig = kern.signatures[0]
         assert str(sig[0].dtype) == ("bool" if dtype == "bool" else np.dtype(NP[dtype]).name)
-        assert K.NUMPY_DTYPES[dtype] == np.dtype(NP[dtype])
         assert sig[2].ndim == 2 and sig[2].layout == "A"
     assert len(seen) == len(K.DTYPES)  # float16 and bfloat16 differ
 
@@ -416,9 +412,34 @@ def test_bool_semantics_and_nonzero_bytes():
 # ---------------------------------------------------------------------------
 
 def test_op_codes_and_dtypes():
-    assert (K.SUM, K.PRODUCT, K.MIN, K.MAX, K.BAND, K.BOR, K.BXOR) == (0, 1, 2, 3, 4, 5, 6)
-    assert K.DTYPES == ("float32", "float64", "float16", "bfloat16", "int8", "int16",
-                        "int32", "int64", "uint8", "bool")
+    assert (K.SUM, K.PRODUCT, K.MIN, K.MAX, K.BAND, K.BOR, K.BXOR, K.AVG) == (0, 1, 2, 3, 4, 5, 6, 7)
+    assert set(K.DTYPES) >= {"float32", "float64", "float16", "bfloat16", "int8", "int16",
+                             "int32", "int64", "uint8", "bool"}
+    assert (HALF_DTYPES, INT_DTYPES) == (("float16", "bfloat16"), ("int8", "int16", "int32", "int64", "uint8"))
+    assert NP["float16"] is NP["bfloat16"] is np.uint16 and NP["bool"] is np.bool_
+
+
+def test_the_tables_are_consistent():
+    """kernel_abi's tables: names and codes unique, codes fit their descriptor fields (dtype 5 bits,
+    op 4, 0 meaning none), and each dtype with a kernel has a NumPy type of its torch dtype's size, a
+    nature and a family loop here; one without has none of them."""
+    names = [d.name for d in kernel_abi.DTYPE_TABLE]
+    codes = [d.code for d in kernel_abi.DTYPE_TABLE]
+    assert len(set(names)) == len(names) and len(set(codes)) == len(codes)
+    assert all(1 <= code < 32 for code in codes)
+    for d in kernel_abi.DTYPE_TABLE:
+        assert isinstance(getattr(torch, d.name), torch.dtype), d.name
+        if d.family is None:
+            assert d.numpy is None and d.nature is None, d
+            continue
+        assert d.family in K.FAMILIES, d
+        assert d.nature in (kernel_abi.FLOAT, kernel_abi.INTEGER, kernel_abi.BOOL), d
+        assert d.numpy.itemsize == getattr(torch, d.name).itemsize, d
+    assert K.DTYPES == tuple(d.name for d in kernel_abi.DTYPE_TABLE if d.family is not None)
+    ops = kernel_abi.REDUCE_OPS
+    assert sorted(op.kernel for op in ops) == list(range(len(ops))) and len(ops) + 1 < 16
+    assert len({op.name for op in ops}) == len(ops)
+    assert all(op.natures <= {kernel_abi.FLOAT, kernel_abi.INTEGER, kernel_abi.BOOL} for op in ops)
 
 
 def test_supports_truth_table():
