@@ -306,7 +306,7 @@ def window_consumer_fails(rank: Rank, failing: int, timeout: float):
     does), and the consumer of rank ``failing`` raises at the second window: an error of that rank alone,
     so it must give up on the arena at once, and the others raise within a slice or two instead of at
     the timeout."""
-    from shmcoll import backend, ops
+    from shmcoll import backend, descriptors
 
     rank.init(timeout=timeout)
     placement = backend.of_group()._placement
@@ -318,7 +318,7 @@ def window_consumer_fails(rank: Rank, failing: int, timeout: float):
 
     start = time.monotonic()
     try:
-        placement.allgather_windows(data, 64, consume, ops.descriptor(ops.ALLGATHER, data.numel(), 0))
+        placement.allgather_windows(data, 64, consume, descriptors.descriptor(descriptors.ALLGATHER, data.numel(), 0))
         rank.report["returned_after"] = time.monotonic() - start
     except Exception as error:
         rank.report["error"] = error_record(error, start)

@@ -60,13 +60,13 @@ _PARSERS = {
 def read_settings(environ=os.environ) -> Settings:
     """Build Settings from the environment; a malformed value names its variable."""
     values = {}
-    for field in fields(Settings):
-        name, parse = _PARSERS[field.name]
+    for setting in fields(Settings):
+        name, parse = _PARSERS[setting.name]
         raw = environ.get(name)
         if raw is None or raw == "":
             continue
         try:
-            values[field.name] = parse(raw)
+            values[setting.name] = parse(raw)
         except ValueError:
             raise ValueError(f"{name}={raw!r} is not a valid value") from None
     settings = Settings(**values)

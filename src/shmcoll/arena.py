@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from shmcoll import _reduce, _segment, _single_copy, _sync
-from shmcoll import waits
+from shmcoll import descriptors, waits
 from shmcoll.errors import AttachError, CollectiveError, PeerAttachError, PeerDiedError, ShmcollError
 
 MAGIC = 0x324C4C4F434D4853  # "SHMCOLL2" little-endian: the header below
@@ -152,13 +152,11 @@ class Steps:
         first, stop = (0, self.local_size) if among is None else (among, among + 1)
         other = _sync.first_mismatch(self.lines, first, stop, step & 0xFFFFFFFF, desc)
         if other >= 0:
-            from shmcoll.ops import describe_desc
-
             ranks = self.arena.ranks
             raise CollectiveError(
                 f"mismatched collectives: rank {ranks[self.local_rank]} called "
-                f"{describe_desc(desc)} but rank {ranks[other]} called "
-                f"{describe_desc(_sync.load_desc(self.lines, other, step & 0xFFFFFFFF))} at the same point"
+                f"{descriptors.describe(desc)} but rank {ranks[other]} called "
+                f"{descriptors.describe(_sync.load_desc(self.lines, other, step & 0xFFFFFFFF))} at the same point"
             )
 
     def _wait_slow(self, local_ranks, step: int) -> None:

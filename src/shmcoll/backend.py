@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from shmcoll import _torch_compat, checks, gloo_exit, kernel_library, ops, placement, sparse
+from shmcoll import checks, descriptors, gloo_exit, kernel_library, ops, placement, sparse
 from shmcoll._env import read_settings
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
@@ -97,7 +97,7 @@ class Collectives:
 
     def describe_current(self) -> str:
         """The collective in progress, as errors name it: 'all_reduce(sum, float32, 4096 elements) #17'."""
-        return f"{ops.describe_desc(self._desc)} #{self._seq}"
+        return f"{descriptors.describe(self._desc)} #{self._seq}"
 
     def _check_usable(self) -> None:
         if self._error is not None:
@@ -109,7 +109,7 @@ class Collectives:
         self._seq += 1
         self._desc = desc
         if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("rank %d: %s #%d", self._rank, ops.describe_desc(desc), self._seq)
+            _log.debug("rank %d: %s #%d", self._rank, descriptors.describe(desc), self._seq)
 
     def _run(self, desc: int, body) -> None:
         """Run ``body`` as collective ``desc``; a failure of ours makes the group unusable."""
@@ -143,7 +143,7 @@ class Collectives:
                 if background:
                     self._placement.set_background(False)
 
-        return self._engine.execute(run, result, _is_async(opts), lambda: ops.describe_desc(desc))
+        return self._engine.execute(run, result, _is_async(opts), lambda: descriptors.describe(desc))
 
     def _launch_each(self, calls, step, result, opts):
         """A coalesced call: ``step(*args, desc)`` for each (*args, desc) of ``calls``, in order, as one Work."""
@@ -153,7 +153,7 @@ class Collectives:
                 self._desc = desc
                 step(*args, desc)
 
-        return self._launch(calls[0][-1] if calls else ops.descriptor(ops.BARRIER), body, result, opts)
+        return self._launch(calls[0][-1] if calls else descriptors.descriptor(descriptors.BARRIER), body, result, opts)
 
     # -- reductions ----------------------------------------------------------
 
@@ -172,7 +172,7 @@ class Collectives:
                     count = tensor.numel()
                     if 0 < count <= plan[0] and not self._engine.busy():
                         _, desc_base, red = plan
-                        desc = desc_base | count << ops.COUNT_SHIFT
+                        desc = desc_base | count << descriptors.COUNT_SHIFT
                         self._run(desc, lambda: self._placement.one_shot(tensor, count, red, desc))
                         return self._engine.completed(tensors)
         return self._allreduce(tensors, opts)
@@ -185,7 +185,7 @@ class Collectives:
         tensor = checks.one_tensor(tensors, "all_reduce")
         red = self._reductions.plan(_reduce_op(opts), tensor.dtype, "all_reduce")
         count = red.view(tensor).numel()
-        desc = ops.descriptor(ops.ALLREDUCE, count, red.dtype.code, red.code)
+        desc = descriptors.descriptor(descriptors.ALLREDUCE, count, red.dtype.code, red.code)
         self._admit_one_shot(_reduce_op(opts), tensor.dtype, red)
 
         def body():
@@ -202,11 +202,11 @@ class Collectives:
         key = (ops.kind_of(redop).value, dtype)
         if key not in plans:
             max_count = self._placement.one_shot_bytes // dtype.itemsize
-            plans[key] = (max_count, ops.descriptor(ops.ALLREDUCE, 0, red.dtype.code, red.code), red)
+            plans[key] = (max_count, descriptors.descriptor(descriptors.ALLREDUCE, 0, red.dtype.code, red.code), red)
 
     def _allreduce_sparse(self, tensor, opts):
         sparse.check_op(_reduce_op(opts))
-        desc = ops.descriptor(ops.ALLREDUCE, tensor._nnz(), ops.movement_code(tensor.dtype))
+        desc = descriptors.descriptor(descriptors.ALLREDUCE, tensor._nnz(), ops.movement_code(tensor.dtype))
         return self._launch(desc, lambda: sparse.allreduce(tensor, self._placement, self._rank, self._size,
                                                            self._sparse_buffers), [tensor], opts)
 
@@ -221,7 +221,7 @@ class Collectives:
             return self._engine.completed([])
         red = self._reductions.plan(_reduce_op(opts), tensors[0].dtype, "all_reduce_coalesced")
         count = sum(red.view(t).numel() for t in tensors)
-        desc = ops.descriptor(ops.ALLREDUCE, count, red.dtype.code, red.code)
+        desc = descriptors.descriptor(descriptors.ALLREDUCE, count, red.dtype.code, red.code)
 
         def body():
             flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -238,7 +238,7 @@ class Collectives:
         tensor = checks.one_tensor(tensors, "reduce")
         root = checks.root(opts.rootRank if opts is not None else 0, self._size, "reduce")
         red = self._reductions.plan(_reduce_op(opts), tensor.dtype, "reduce")
-        desc = ops.descriptor(ops.REDUCE, red.view(tensor).numel(), red.dtype.code, red.code, root)
+        desc = descriptors.descriptor(descriptors.REDUCE, red.view(tensor).numel(), red.dtype.code, red.code, root)
 
         def body():
             self._placement.reduce(tensor, root, red, desc)
@@ -260,7 +260,7 @@ class Collectives:
     def _reduce_scatter(self, output, stacked, opts):
         """``stacked()``: a contiguous tensor of every rank's block for ``output``, in rank order."""
         red = self._reductions.plan(_reduce_op(opts), output.dtype, "reduce_scatter")
-        desc = ops.descriptor(ops.REDUCE_SCATTER, red.view(output).numel(), red.dtype.code, red.code)
+        desc = descriptors.descriptor(descriptors.REDUCE_SCATTER, red.view(output).numel(), red.dtype.code, red.code)
 
         def body():
             self._placement.reduce_scatter(output, stacked(), red, desc)
@@ -275,7 +275,7 @@ class Collectives:
             checks.gathered(input, output, self._size, "reduce_scatter_tensor_coalesced", "input", "output")
             red = self._reductions.plan(_reduce_op(opts), output.dtype, "reduce_scatter_tensor_coalesced")
             scatters.append((output, input.contiguous(), red,
-                             ops.descriptor(ops.REDUCE_SCATTER, red.view(output).numel(), red.dtype.code, red.code)))
+                             descriptors.descriptor(descriptors.REDUCE_SCATTER, red.view(output).numel(), red.dtype.code, red.code)))
 
         def reduce_scatter(output, input, red, desc):
             self._placement.reduce_scatter(output, input, red, desc)
@@ -288,18 +288,18 @@ class Collectives:
     def broadcast(self, tensors, opts=None):
         tensor = checks.one_tensor(tensors, "broadcast")
         root = checks.root(opts.rootRank if opts is not None else 0, self._size, "broadcast")
-        desc = ops.descriptor(ops.BROADCAST, *ops.movement(tensor), 0, root)
+        desc = descriptors.descriptor(descriptors.BROADCAST, *ops.movement(tensor), 0, root)
         return self._launch(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor], opts)
 
     def allgather(self, output_lists, input_tensors, opts=None):
         tensor = checks.one_tensor(input_tensors, "all_gather")
         outputs = checks.one_list_like(output_lists, self._size, tensor, "all_gather output")
-        desc = ops.descriptor(ops.ALLGATHER, *ops.movement(tensor))
+        desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(tensor))
         return self._launch(desc, lambda: self._placement.allgather(outputs, tensor, desc), output_lists, opts)
 
     def all_gather_single(self, output, input, opts=None):
         checks.gathered(output, input, self._size, "all_gather_into_tensor", "output", "input")
-        desc = ops.descriptor(ops.ALLGATHER, *ops.movement(input))
+        desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(input))
         return self._launch(desc, lambda: self._placement.allgather_into(output, input, desc), [output], opts)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
@@ -314,7 +314,7 @@ class Collectives:
             for i, (output, tensor) in enumerate(zip(outputs, input_list)):
                 checks.like([output], tensor, f"all_gather_coalesced output_lists[{r}][{i}]")
         gathers = [([outputs[i] for outputs in output_lists], tensor,
-                    ops.descriptor(ops.ALLGATHER, *ops.movement(tensor))) for i, tensor in enumerate(input_list)]
+                    descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(tensor))) for i, tensor in enumerate(input_list)]
         return self._launch_each(gathers, self._placement.allgather, output_lists, opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -322,19 +322,19 @@ class Collectives:
         gathers = []
         for output, input in zip(outputs, inputs):
             checks.gathered(output, input, self._size, "all_gather_into_tensor_coalesced", "output", "input")
-            gathers.append((output, input, ops.descriptor(ops.ALLGATHER, *ops.movement(input))))
+            gathers.append((output, input, descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(input))))
         return self._launch_each(gathers, self._placement.allgather_into, list(outputs), opts)
 
     def gather(self, output_lists, input_tensors, opts=None):
         tensor = checks.one_tensor(input_tensors, "gather")
         root, outputs = checks.rooted(opts, output_lists, tensor, self._size, self._rank, "gather", "output")
-        desc = ops.descriptor(ops.GATHER, *ops.movement(tensor), 0, root)
+        desc = descriptors.descriptor(descriptors.GATHER, *ops.movement(tensor), 0, root)
         return self._launch(desc, lambda: self._placement.gather(outputs, tensor, root, desc), output_lists, opts)
 
     def scatter(self, output_tensors, input_lists, opts=None):
         output = checks.one_tensor(output_tensors, "scatter output")
         root, inputs = checks.rooted(opts, input_lists, output, self._size, self._rank, "scatter", "input")
-        desc = ops.descriptor(ops.SCATTER, *ops.movement(output), 0, root)
+        desc = descriptors.descriptor(descriptors.SCATTER, *ops.movement(output), 0, root)
         return self._launch(desc, lambda: self._placement.scatter(output, inputs, root, desc), [output], opts)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -345,7 +345,7 @@ class Collectives:
         if outputs[0].dtype != inputs[0].dtype:
             raise ValueError(f"all_to_all: the outputs are {outputs[0].dtype}, the inputs {inputs[0].dtype}")
         # No count: each rank knows only its own sizes (the collective exchanges them; see algorithms.alltoall).
-        desc = ops.descriptor(ops.ALLTOALL, 0, ops.movement_code(inputs[0].dtype))
+        desc = descriptors.descriptor(descriptors.ALLTOALL, 0, ops.movement_code(inputs[0].dtype))
         return self._launch(desc, lambda: self._placement.alltoall(outputs, inputs, desc), output_tensors, opts)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -357,12 +357,12 @@ class Collectives:
         out_blocks = checks.split_bytes(output, output_split_sizes, self._size, "output")
         # Whether a rank passed split sizes is its own affair (Gloo's contract): every rank's blocks are
         # explicit from here on, and the collective exchanges them (see algorithms.alltoall).
-        desc = ops.descriptor(ops.ALLTOALL, 0, ops.movement_code(input.dtype))
+        desc = descriptors.descriptor(descriptors.ALLTOALL, 0, ops.movement_code(input.dtype))
         return self._launch(desc, lambda: self._placement.alltoall_single(output, input, out_blocks, in_blocks,
                                                                           desc), [output], opts)
 
     def barrier(self, opts=None):
-        desc = ops.descriptor(ops.BARRIER)
+        desc = descriptors.descriptor(descriptors.BARRIER)
         return self._launch(desc, lambda: self._placement.barrier(desc), [], opts)
 
     # -- point-to-point ------------------------------------------------------

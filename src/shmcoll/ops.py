@@ -18,7 +18,6 @@ from shmcoll import _torch_compat, kernel_abi
 DTYPES: dict[torch.dtype, kernel_abi.DType] = {
     getattr(torch, d.name): d for d in kernel_abi.DTYPE_TABLE if d.family is not None}
 _MOVEMENT_CODES = {getattr(torch, d.name): d.code for d in kernel_abi.DTYPE_TABLE if hasattr(torch, d.name)}
-_DTYPE_BY_CODE = {d.code: d.name for d in kernel_abi.DTYPE_TABLE}
 # the floats narrower than float32: the kernels compute them in float32 and round once
 _NARROW_FLOATS = frozenset(t for t, d in DTYPES.items() if d.nature == kernel_abi.FLOAT and d.numpy.itemsize < 4)
 
@@ -49,7 +48,6 @@ def _kind(spec: kernel_abi.OpSpec):
 
 _OPS = {_kind(o): Op(o.name, o.kernel, o.average, o.kernel + 1, getattr(ReduceOp, o.gloo.upper()))
         for o in kernel_abi.REDUCE_OPS}
-_OP_NAME_BY_CODE = {o.code: o.name for o in _OPS.values()}
 # complex tensors are reduced as their real view: the linear ops only
 _COMPLEX_KINDS = frozenset([_kind(o) for o in kernel_abi.REDUCE_OPS if o.complex] + [ReduceOp.RedOpType.PREMUL_SUM])
 
@@ -163,35 +161,3 @@ class Reductions:
         code = _OPS[kind].code if kind in _OPS else op.code
         return Reduction(op, dt, kernel, float(self._size) if op.average else 1.0, as_real,
                          kind == ReduceOp.RedOpType.PREMUL_SUM, int_average, self._size, code)
-
-
-# Collective kinds, for descriptors and messages.
-BARRIER, ALLREDUCE, BROADCAST, ALLGATHER, REDUCE, GATHER, SCATTER, REDUCE_SCATTER, ALLTOALL = range(1, 10)
-KIND_NAMES = {BARRIER: "barrier", ALLREDUCE: "all_reduce", BROADCAST: "broadcast", ALLGATHER: "all_gather",
-              REDUCE: "reduce", GATHER: "gather", SCATTER: "scatter", REDUCE_SCATTER: "reduce_scatter",
-              ALLTOALL: "all_to_all"}
-_ROOTED = {"broadcast", "reduce", "gather", "scatter"}
-
-
-COUNT_SHIFT = 30  # the count is the descriptor's top field: descriptor(..., 0, ...) | count << COUNT_SHIFT
-
-
-def descriptor(kind: int, count: int = 0, dtype_code: int = 0, op_code: int = 0, root: int = 0) -> int:
-    """Pack what identifies a collective into 64 bits: kind 6, op 4, dtype 5, root 15, count 34."""
-    return (kind | op_code << 6 | dtype_code << 10 | (root & 0x7FFF) << 15
-            | (count & 0x3FFFFFFFF) << COUNT_SHIFT)
-
-
-def describe_desc(desc: int) -> str:
-    """Human text for a descriptor, e.g. 'all_reduce(sum, float32, 4096 elements)'."""
-    kind = KIND_NAMES.get(desc & 0x3F, f"collective #{desc & 0x3F}")
-    op = _OP_NAME_BY_CODE.get(desc >> 6 & 0xF)
-    dtype = _DTYPE_BY_CODE.get(desc >> 10 & 0x1F)
-    root = desc >> 15 & 0x7FFF
-    count = desc >> 30
-    parts = [p for p in (op, dtype) if p]
-    if kind in _ROOTED:
-        parts.append(f"root {root}")
-    if kind not in ("barrier", "all_to_all"):  # all_to_all: the sizes are per pair, exchanged in the collective
-        parts.append(f"{count} {'elements' if dtype else 'bytes'}")
-    return f"{kind}({', '.join(parts)})"

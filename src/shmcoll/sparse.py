@@ -27,7 +27,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from shmcoll import _merge, _pool, kernel_abi, ops
+from shmcoll import _merge, _pool, descriptors, kernel_abi, ops
 from shmcoll._logging import log
 
 _MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
@@ -248,7 +248,7 @@ def _merged(placement, all_indices: torch.Tensor, values: torch.Tensor, counts: 
     if most * row_bytes == 0:  # no value bytes to gather (on every rank: they agreed on most and the shape)
         merge.window(0, most, [0] * size)
     else:
-        desc = ops.descriptor(ops.ALLGATHER, *ops.movement(values))
+        desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(values))
         placement.allgather_windows(values, row_bytes, lambda start, n, at: merge.window(
             start // row_bytes, (start + n) // row_bytes, at), desc)
     merge.finish()
@@ -270,7 +270,7 @@ def _added(all_indices: torch.Tensor, all_values: torch.Tensor, counts: list, sh
 
 def _gather(placement, part: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     """Every rank's ``part`` into ``whole``, in rank order (one all-gather of the placement)."""
-    placement.allgather_into(whole, part, ops.descriptor(ops.ALLGATHER, *ops.movement(part)))
+    placement.allgather_into(whole, part, descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(part)))
     return whole
 
 

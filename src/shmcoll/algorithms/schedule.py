@@ -14,6 +14,7 @@ import os
 
 from shmcoll._reduce import DONE, MISMATCH
 from shmcoll._single_copy import FAILED
+from shmcoll.descriptors import describe
 from shmcoll.errors import PeerDiedError, ShmcollError
 
 _STEP = 0xFFFFFFFF  # step words are 32 bits; the arena counts in Python integers
@@ -57,14 +58,12 @@ def _read_failed(arena, schedule, desc: int) -> ShmcollError:
     A peer leaves a collective before the others are done reading its buffer only when the collective
     failed for it (a rank died, or it gave up on an error): name that cause, as a wait would, rather than
     the read, which is only its echo."""
-    from shmcoll.ops import describe_desc
-
     peer, code = schedule.failed_peer, schedule.failed_errno
     me, them = arena.ranks[arena.local_rank], arena.ranks[peer]
-    what = f"reading rank {them}'s buffer in {describe_desc(desc)} failed: {errno.errorcode.get(code, code)}"
+    what = f"reading rank {them}'s buffer in {describe(desc)} failed: {errno.errorcode.get(code, code)}"
     peers = [r for r in range(arena.local_size) if r != arena.local_rank]
     try:
-        arena.watch.check(peers, 0.0, arena.describe() if arena.describe else describe_desc(desc), float("inf"))
+        arena.watch.check(peers, 0.0, arena.describe() if arena.describe else describe(desc), float("inf"))
     except ShmcollError as cause:
         return type(cause)(f"{cause} (rank {me} found out when {what})")
     finally:

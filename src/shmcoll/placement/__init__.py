@@ -23,7 +23,7 @@ Each offers the same methods, with the same arguments::
       rank's input (rank r's bytes [start, start + n) at addresses[r], readable until consume returns):
       in place in the arena's slots on one node, else one window gathered into private memory
 
-``red`` is an ``ops.Reduction``; ``desc`` the collective's descriptor (``ops.descriptor``),
+``red`` is an ``ops.Reduction``; ``desc`` the collective's descriptor (``descriptors.descriptor``),
 which shared-memory steps carry so that ranks in different collectives are caught.
 Results are in place; a reduction's ``finish`` is the surface's.
 """
