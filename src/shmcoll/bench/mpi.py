@@ -15,11 +15,12 @@ MPI_COMM_WORLD of size 1), and starting the torch sweep under mpirun instead wou
 how the main benchmark is launched.  So the MPI numbers come from another moment of the
 machine; on a quiet machine that matters little, on a busy one compare with care.
 
-Method, identical to shmcoll.bench.sweep (its functions are reused): the same sizes, ops and
-options (--quick, --step, --max-bytes, --rounds, --iters-time, ...); a correctness check of
-every point against the locally computed result; iterations calibrated so that a round lasts
-~--iters-time; latency = median over rounds of the slowest rank's time per call.  Bookkeeping
-runs on a duplicate of MPI_COMM_WORLD, never on the communicator being timed.
+Method, identical to shmcoll.bench.sweep (its options, and shmcoll.bench.cases, timing and
+report, are reused): the same sizes, ops and options (--quick, --step, --max-bytes, --rounds,
+--iters-time, ...); a correctness check of every point against the locally computed result;
+iterations calibrated so that a round lasts ~--iters-time; latency = median over rounds of the
+slowest rank's time per call.  Bookkeeping runs on a duplicate of MPI_COMM_WORLD, never on the
+communicator being timed.
 
 Ops: all_reduce = Allreduce(IN_PLACE) (in place, as torch's all_reduce), all_gather_into_tensor
 = Allgather, reduce_scatter_tensor = Reduce_scatter_block, broadcast = Bcast (root 0).  Dtypes:
@@ -36,7 +37,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -118,8 +118,8 @@ def under_mpi_launcher() -> bool:
 
 
 class MpiCtrl:
-    """shmcoll.bench.sweep's control-plane interface (barrier, max, gather_all) over a duplicate
-    communicator, so that shmcoll.bench.sweep.calibrate and timed_round run unchanged."""
+    """The control-plane interface of shmcoll.bench.timing (barrier, max, gather_all) over a
+    duplicate communicator, so that its calibrate and timed_round run unchanged."""
 
     def __init__(self, comm):
         self.comm = comm
@@ -157,7 +157,7 @@ def op_call(comm, op: str, inp, out):
 
 
 def buffers(case, fill_from=None):
-    """numpy views of shmcoll.bench.sweep.OpCase's buffers (same shapes as the torch sweep)."""
+    """numpy views of shmcoll.bench.cases.OpCase's buffers (same shapes as the torch sweep)."""
     inp, out = case.alloc(fill_from=fill_from)
     return inp.numpy(), (None if out is None else out.numpy())
 
@@ -167,17 +167,17 @@ def check_point(case, comm, ctrl: MpiCtrl, salt: int) -> str | None:
     result on any rank (agreed by all), else None."""
     import torch
 
-    from shmcoll.bench import sweep
+    from shmcoll.bench import cases, report
 
-    src = sweep.make_input(case.rank, case.input_len(), case.dtype, salt)
+    src = cases.make_input(case.rank, case.input_len(), case.dtype, salt)
     inp, out = buffers(case, fill_from=src)
     op_call(comm, case.op, inp, out)()
     got = torch.from_numpy(out if out is not None else inp)
-    atol, rtol = sweep.tolerance(case.dtype, case.world)
-    problem = sweep.compare(got, case.expected(salt), atol, rtol)
+    atol, rtol = cases.tolerance(case.dtype, case.world)
+    problem = cases.compare(got, case.expected(salt), atol, rtol)
     flags = ctrl.max([1.0 if problem else 0.0])
     if problem:
-        print(f"MISMATCH (rank {case.rank}) MPI {case.op} {sweep.dtype_name(case.dtype)} "
+        print(f"MISMATCH (rank {case.rank}) MPI {case.op} {report.dtype_name(case.dtype)} "
               f"{case.count * case.dtype.itemsize} bytes: {problem}", file=sys.stderr, flush=True)
     return "wrong result (see MISMATCH lines)" if any(flags) else None
 
@@ -207,7 +207,7 @@ def measure(args) -> int:
     import torch
     from mpi4py import MPI
 
-    from shmcoll.bench import sweep
+    from shmcoll.bench import cases, report, results, timing
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
@@ -215,7 +215,7 @@ def measure(args) -> int:
     rank, world = comm.Get_rank(), comm.Get_size()
     out = sys.stdout
     r0 = rank == 0
-    machine = sweep.machine_info(world)
+    machine = report.machine_info(world)
     # Open MPI pads the string with NULs.
     library = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
     if r0:
@@ -226,16 +226,17 @@ def measure(args) -> int:
         out.write("- MPI has no bfloat16/float16 datatype: those points are n/a\n\n")
         out.flush()
 
-    headers = ["op", "dtype", "bytes", f"{args.label} us", f"{args.label} algbw GB/s", f"{args.label} busbw GB/s"]
     rows, notes = [], []
+    # The tables show only these dtypes (the others are notes), so their column fits these.
+    measurable = [dt for dt in args.dtype_list if report.dtype_name(dt) in MPI_DTYPES]
     t_start = time.perf_counter()
     for op in args.op_list:
         if r0:
             out.write(f"## {op}\n\n")
-            table = sweep.Table(headers, [14, 8, 9, 9, 6, 6], out)
+            table = report.point_table([args.label], measurable, out)
         for dt in args.dtype_list:
-            name = sweep.dtype_name(dt)
-            counts = list(dict.fromkeys(sweep.counts_for(op, s, dt.itemsize, world) for s in args.sizes))
+            name = report.dtype_name(dt)
+            counts = list(dict.fromkeys(cases.counts_for(op, s, dt.itemsize, world) for s in args.sizes))
             if name not in MPI_DTYPES:
                 reason = f"MPI has no {name} datatype"
                 notes.append(f"- {op} {name}: n/a ({reason})")
@@ -245,31 +246,25 @@ def measure(args) -> int:
                 continue
             for count in counts:
                 nbytes = count * dt.itemsize
-                case = sweep.OpCase(op, count, dt, world, rank)
-                salt = (len(rows) * 7 + 3) % 129
-                problem = check_point(case, comm, ctrl, salt)
+                case = cases.OpCase(op, count, dt, world, rank)
+                problem = check_point(case, comm, ctrl, cases.point_salt(len(rows)))
                 if problem:
                     if r0:
                         print(f"\nerror: MPI {op} {name} {nbytes} bytes: {problem}", file=sys.stderr)
                     return EXIT_MISMATCH
                 fn = op_call(comm, op, *buffers(case))
-                iters = sweep.calibrate(fn, ctrl, args.iters_time, args.warmup)
-                local = [sweep.timed_round(fn, ctrl, iters) for _ in range(args.rounds)]
+                iters = timing.calibrate(fn, ctrl, args.iters_time, args.warmup)
+                local = [timing.timed_round(fn, ctrl, iters) for _ in range(args.rounds)]
                 rounds_s = ctrl.max(local)  # max over ranks
-                lat = statistics.median(rounds_s)
-                busf = sweep.BUSBW_FACTOR[op](world)
-                algbw = nbytes / lat / 1e9
+                busf = cases.BUSBW_FACTOR[op](world)
                 rows.append({
                     "op": op, "dtype": name, "bytes": nbytes, "count": count,
                     "chunk_bytes": case.chunk * dt.itemsize, "busbw_factor": busf,
-                    "results": {args.label: {"status": "ok", "lat_us": lat * 1e6, "min_us": min(rounds_s) * 1e6,
-                                        "algbw_gbps": algbw, "busbw_gbps": algbw * busf, "iters": iters,
-                                        "rounds_us": [v * 1e6 for v in rounds_s]}},
+                    "results": {args.label: report.measured(nbytes, rounds_s, busf, iters)},
                     "ratio": {},
                 })
                 if r0:
-                    table.row([sweep.SHORT_OP[op], name, sweep.fmt_bytes(nbytes), sweep.fmt_us(lat),
-                               sweep.fmt_gbps(algbw), sweep.fmt_gbps(algbw * busf)])
+                    table.row(report.point_cells(rows[-1], [args.label]))
         if r0:
             out.write("\n")
     elapsed = time.perf_counter() - t_start
@@ -279,17 +274,13 @@ def measure(args) -> int:
         out.write(f"(MPI sweep took {elapsed:.1f} s)\n")
         out.flush()
         if args.json:
-            from shmcoll.bench import results as sweep_results
-
-            sweep_results.save({
+            results.save({
                 "machine": machine,
                 "config": {
                     "backends": [args.label], "ops": args.op_list,
-                    "dtypes": [sweep.dtype_name(d) for d in args.dtype_list], "sizes": args.sizes,
+                    "dtypes": [report.dtype_name(d) for d in args.dtype_list], "sizes": args.sizes,
                     "iters_time_s": args.iters_time, "rounds": args.rounds, "warmup": args.warmup,
-                    "quick": args.quick, "checked": True,
-                    "size_convention": "nccl-tests: all_gather bytes = output, reduce_scatter bytes = input",
-                    "latency": "median over rounds of max over ranks of per-call time",
+                    "quick": args.quick, "checked": True, **report.CONVENTIONS,
                 },
                 "mpi": {
                     "library": library, "mpi4py": __import__("mpi4py").__version__,

@@ -13,12 +13,7 @@ import copy
 import json
 import os
 
-SHORT_OP = {
-    "all_reduce": "all_reduce",
-    "all_gather_into_tensor": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "broadcast": "broadcast",
-}
+from shmcoll.bench.report import SHORT_OP, fmt_bytes, fmt_us
 
 
 def load(path: str) -> dict:
@@ -105,8 +100,6 @@ def _largest_vs_memcpy(doc: dict, labels: list[str]) -> list[dict]:
 def print_comparison(doc: dict, out, only_with: str | None = None) -> None:
     """Latency of every backend and the ratios to the first, one Markdown row per point;
     ``only_with`` keeps the rows where that backend has a result (MPI: float32 only)."""
-    from shmcoll.bench.sweep import fmt_bytes, fmt_us  # imported here: shmcoll.bench.sweep imports torch
-
     labels = doc["config"]["backends"]
     base = labels[0]
     headers = ["op", "dtype", "bytes"] + [f"{lb} us" for lb in labels] + \
