@@ -1,4 +1,4 @@
-"""The dtype and reduce-op tables in torch's terms, and the descriptor every collective stamps on its steps.
+"""The dtype and reduce-op tables in torch's terms, and the reduction plan of each (op, dtype).
 
 The tables themselves are ``kernel_abi``'s (torch-free): this module adds each dtype's
 torch dtype by name and each op's ``ReduceOp``. Half-precision tensors travel as raw

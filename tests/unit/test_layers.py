@@ -1,12 +1,17 @@
-"""The package's import graph: no module imports one that imports it back, and every module imports alone,
-in any order (docs/DESIGN.md, "Layers")."""
+"""The package's import graph against docs/DESIGN.md's layer map: every module is on the map, no import
+climbs to a line above its own, none closes a cycle, nothing under the map's torch line imports torch, and
+every module imports alone, in any order."""
 import ast
 import pathlib
 import random
+import re
 import subprocess
 import sys
 
-SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SRC = REPO / "src"
+DESIGN = REPO / "docs" / "DESIGN.md"
+TORCH_LINE = "nothing below imports torch"
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -15,6 +20,74 @@ def _modules() -> dict[str, pathlib.Path]:
         name = ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
         found[name] = path
     return found
+
+
+def _layer_map(text: str) -> tuple[dict[str, int], int]:
+    """Module -> its line in DESIGN's map (a folder's modules share the folder's line), and the torch line.
+
+    The map is the first fenced block after "## Layers": a line names modules (``name.py``) or opens a
+    folder (``name/`` first on the line); the lines indented under a folder are its contents."""
+    block = text.split("## Layers", 1)[1].split("```", 2)[1]
+    layers, folder, torch_line = {}, None, None
+    for number, line in enumerate(block.splitlines()):
+        if TORCH_LINE in line:
+            torch_line = number
+            continue
+        text_part = re.sub(r"^[\s|v]*", "", line)
+        indent = len(line) - len(line.lstrip(" "))
+        opened = re.match(r"(\w+)/\s", text_part + " ")
+        if indent == 0 and opened:
+            folder = (opened.group(1), number)
+            if folder[0] != "_ext":
+                layers[f"shmcoll.{folder[0]}"] = number
+            continue
+        if indent == 0 or line.lstrip().startswith("|"):
+            folder = None
+        for name in re.findall(r"(?<![\w/.])(\w+)\.py\b", text_part):
+            if folder and folder[0] == "_ext":
+                continue
+            if folder:
+                package = "shmcoll." + folder[0]
+                layers[package if name == "__init__" else f"{package}.{name}"] = folder[1]
+            else:
+                layers[f"shmcoll.{name}"] = number
+    return layers, torch_line
+
+
+def _layer_of(module: str, layers: dict[str, int]) -> int | None:
+    """A module's line: its own, else its nearest listed folder's (placement.across.shape: placement/)."""
+    while module not in layers and "." in module:
+        module = module.rsplit(".", 1)[0]
+    return layers.get(module)
+
+
+def _imports_torch(path: pathlib.Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        if any(n == "torch" or n.startswith("torch.") for n in names):
+            return True
+    return False
+
+
+def _map_violations(modules, graph, layers, torch_line) -> list[str]:
+    problems = []
+    for name in sorted(modules):
+        if name == "shmcoll":
+            continue
+        line = _layer_of(name, layers)
+        if line is None:
+            problems.append(f"{name} is not on the layer map")
+            continue
+        if line > torch_line and _imports_torch(modules[name]):
+            problems.append(f"{name} is under the torch line but imports torch")
+        for dep in sorted(graph[name]):
+            dep_line = _layer_of(dep, layers)
+            if dep_line is not None and dep_line <= line and dep_line != line:
+                problems.append(f"{name} (line {line}) imports {dep} (line {dep_line}), which is not below it")
+            elif dep_line == line and name.split(".")[:2] != dep.split(".")[:2]:
+                problems.append(f"{name} imports {dep} on its own line; only a folder's modules may")
+    return problems
 
 
 def _graph(modules) -> dict[str, set[str]]:
@@ -59,6 +132,30 @@ def test_no_module_imports_one_that_imports_it_back():
 def test_the_check_finds_a_cycle():
     assert _cycles({"backend": {"pg_bindings"}, "pg_bindings": {"backend"}, "ops": set()})
     assert not _cycles({"backend": {"ops"}, "pg_bindings": {"backend"}, "ops": set()})
+
+
+def test_the_code_keeps_to_the_layer_map():
+    modules = _modules()
+    layers, torch_line = _layer_map(DESIGN.read_text())
+    assert torch_line is not None, f"no line with {TORCH_LINE!r} in DESIGN's map"
+    problems = _map_violations(modules, _graph(modules), layers, torch_line)
+    assert not problems, "docs/DESIGN.md's layer map and the code disagree:\n" + "\n".join(problems)
+
+
+def test_the_map_check_finds_a_climb_a_missing_module_and_torch_below_the_line(tmp_path):
+    text = "## Layers\n```\nbackend.py\n  ---- nothing below imports torch ----\narena.py\n```\n"
+    layers, torch_line = _layer_map(text)
+    assert layers == {"shmcoll.backend": 1, "shmcoll.arena": 3} and torch_line == 2
+    uses_torch = tmp_path / "arena.py"
+    uses_torch.write_text("import torch\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text("")
+    modules = {"shmcoll.backend": plain, "shmcoll.arena": uses_torch, "shmcoll.lost": plain}
+    graph = {"shmcoll.backend": set(), "shmcoll.arena": {"shmcoll.backend"}, "shmcoll.lost": set()}
+    problems = _map_violations(modules, graph, layers, torch_line)
+    assert any("lost is not on the layer map" in p for p in problems), problems
+    assert any("arena is under the torch line" in p for p in problems), problems
+    assert any("shmcoll.arena (line 3) imports shmcoll.backend" in p for p in problems), problems
 
 
 def test_every_module_imports_in_any_order():
