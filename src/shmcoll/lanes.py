@@ -54,13 +54,16 @@ class Lanes:
         self.arena = arena
         self.count = count  # agreed across the node; 1 = everything on the caller's thread
         self.min_bytes = min_bytes  # least bytes worth a lane of their own
+        # The least message (bytes per rank) that runs on two lanes or more. Below it the placement runs the
+        # schedule on the arena itself, on the caller's thread, without a call into this module.
+        self.split_bytes = 2 * min_bytes if count > 1 else float("inf")
         self._name = name
         self._workers: list[_Worker] = []
         self._done: queue.SimpleQueue = queue.SimpleQueue()
 
     def how_many(self, nbytes: int) -> int:
         """Lanes for a message of ``nbytes`` (per rank): a function of the size alone, as lanes must pair."""
-        return max(1, min(self.count, nbytes // self.min_bytes))
+        return 1 if nbytes < self.split_bytes else min(self.count, nbytes // self.min_bytes)
 
     def run(self, desc: int, count: int, itemsize: int, job) -> None:
         """``job(steps, lo, hi)`` over [0, count) items of ``itemsize`` bytes, split over ``how_many``

@@ -79,12 +79,19 @@ class OneNode(OnArena):
         allows it, it would run on one thread (lanes, where a rank has several, split the copy path over
         them instead), and it is where single copy was measured faster (``SINGLE_COPY_SPANS``), or
         SHMCOLL_SINGLE_COPY=1 asks for every size."""
-        if self.arena.single_copy is None or self.lanes.how_many(nbytes) > 1:
+        if self.arena.single_copy is None or nbytes >= self.lanes.split_bytes:
             return False
         if self.settings.single_copy == "1":
             return True
         least, most = SINGLE_COPY_SPANS[kind]
         return least <= nbytes and (most is None or nbytes <= most)
+
+    def _over_lanes(self, desc: int, count: int, itemsize: int, job) -> None:
+        """``job(steps, lo, hi)`` over [0, count) items: on the arena itself on this thread when the message is
+        too small to split (``Lanes.split_bytes``), else over the lanes (``Lanes.run``)."""
+        if count * itemsize < self.lanes.split_bytes:
+            return job(self.arena, 0, count)
+        self.lanes.run(desc, count, itemsize, job)
 
     # -- reductions ----------------------------------------------------------
 
@@ -122,7 +129,7 @@ class OneNode(OnArena):
         if root is None and self._single_copy("all_reduce", work.numel() * itemsize):
             return allreduce.single_copy(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
                                          red.scale, desc)
-        self.lanes.run(desc, work.numel(), itemsize, lambda steps, lo, hi: allreduce.reduce_scatter_allgather(
+        self._over_lanes(desc, work.numel(), itemsize, lambda steps, lo, hi: allreduce.reduce_scatter_allgather(
             steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale, desc, root=root))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
@@ -137,7 +144,7 @@ class OneNode(OnArena):
             reduce_scatter.single_copy(self.arena, addr, block, itemsize, red.kernel, red.op.kernel, red.scale, into,
                                        desc)
             return unstage(out, target)
-        self.lanes.run(desc, block, itemsize, lambda steps, lo, hi: reduce_scatter.reduce_scatter(
+        self._over_lanes(desc, block, itemsize, lambda steps, lo, hi: reduce_scatter.reduce_scatter(
             steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale,
             into + lo * itemsize, desc, block_stride=block))
         unstage(out, target)
@@ -152,7 +159,7 @@ class OneNode(OnArena):
         if self._single_copy("broadcast", _nbytes(tensor)):
             broadcast.single_copy(self.arena, addr, _nbytes(tensor), root, desc)
             return unstage(tensor, work)
-        self.lanes.run(desc, _nbytes(tensor), 1, lambda steps, lo, hi: broadcast.broadcast(
+        self._over_lanes(desc, _nbytes(tensor), 1, lambda steps, lo, hi: broadcast.broadcast(
             steps, addr + lo, hi - lo, root, desc))
         unstage(tensor, work)
 
@@ -175,7 +182,7 @@ class OneNode(OnArena):
         if self._single_copy("all_gather", nbytes):
             allgather.single_copy(self.arena, addr, nbytes, out, nbytes, desc)
             return unstage(output, target)
-        self.lanes.run(desc, nbytes, 1, lambda steps, lo, hi: allgather.allgather_strided(
+        self._over_lanes(desc, nbytes, 1, lambda steps, lo, hi: allgather.allgather_strided(
             steps, addr + lo, hi - lo, out + lo, nbytes, desc))
         unstage(output, target)
 
