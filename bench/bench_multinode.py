@@ -6,7 +6,7 @@ One job runs both, interleaved per size: all_reduce (float32, SUM) on the
 default ``shm`` group (node arena + Gloo rails) and on a Gloo group over the
 same ranks. Reports the median time per call and the bytes each rank hands to
 Gloo per call: for shm what the hierarchy passes to its rails
-(``Hierarchy.tcp_bytes``), for flat Gloo the whole message. On one machine
+(``Nodes.tcp_bytes``), for flat Gloo the whole message. On one machine
 "TCP" is loopback, so the time ratio understates a real network; the bytes
 column is what carries over.
 """

@@ -307,6 +307,9 @@ def subgroups(cases, big: str = "5003"):
 LINK_BYTES_PER_CALL = {  # op -> (fraction of S that node 0 sends, that node 1 sends)
     "all_reduce": (1, 1), "broadcast": (1, 0), "reduce": (0, 1), "all_gather_into_tensor": (0.5, 0.5),
     "reduce_scatter_tensor": (0.5, 0.5), "gather": (0, 0.5), "scatter": (0.5, 0), "all_to_all_single": (1, 1),
+    # Smaller, so that what its leaders' size headers carry beside it would show (their room for small
+    # blocks must not stay at a small one's size once the calls are large).
+    "all_to_all_single of S/16": (1 / 16, 1 / 16),
     "barrier": (0, 0),
 }
 
@@ -358,11 +361,12 @@ def link_bytes(cases, size: str = "4194304", calls: str = "4"):
             ins = [_data("lb", r, torch.float32, per_rank) for r in range(world)] if rank == 0 else None
             dist.scatter(out, ins, src=0)
             return out, _data("lb", rank, torch.float32, per_rank)
-        if op == "all_to_all_single":
-            out = torch.zeros(S // 4)
-            dist.all_to_all_single(out, _data("lb", rank, torch.float32, S // 4))
-            part = S // 4 // world
-            return out, torch.cat([_data("lb", r, torch.float32, S // 4)[rank * part:(rank + 1) * part]
+        if op.startswith("all_to_all_single"):
+            n = S // 4 // (16 if op.endswith("S/16") else 1)
+            out = torch.zeros(n)
+            dist.all_to_all_single(out, _data("lb", rank, torch.float32, n))
+            part = n // world
+            return out, torch.cat([_data("lb", r, torch.float32, n)[rank * part:(rank + 1) * part]
                                    for r in range(world)])
         dist.barrier()
         return torch.zeros(0), torch.zeros(0)

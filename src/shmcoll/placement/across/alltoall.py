@@ -98,9 +98,9 @@ _NO_DATA, _DATA_FOLLOWS, _DATA_INLINE = 0, 1, 2
 # Blocks of a node whose ranks each send at most ``Shape.alltoall_room`` bytes ride inside the header,
 # which is then one message each way between two leaders (a message after it costs another round: Gloo
 # receives by rendezvous). Every header has that room, so that its length is known to both sides: at
-# first this much, then what the last all_to_all's busiest rank sent (every leader derives it from the
-# same verdict, so all agree on it without a word; all_to_alls of one shape, as a model repeats them,
-# then take one round).
+# first this much, then what the last all_to_all's busiest rank sent if that one was small, else this
+# much again (every leader derives it from the same verdict, so all agree on it without a word;
+# all_to_alls of one shape, as a model repeats them, then take one round).
 _FIRST_ROOM = 1024
 
 
@@ -165,8 +165,10 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
         a, b = (int(x) for x in bad[0])
         verdict[:4] = [a + 1, b, int(sends[a, b]), int(expects[b, a])]
     verdict[4] = int(sends.max())
-    shape.alltoall_room = max(_FIRST_ROOM, min(cap, _widest(sends, range(size), shape)))
     small = all(f != _NO_DATA for f in flags.values()) and (expects.sum(axis=1) <= cap).all()
+    # A large one's header carries no blocks, and the next all_to_all is likely as large: its room back to
+    # the first size, or every header would carry up to SHMCOLL_SMALL_BYTES of nothing per local rank.
+    shape.alltoall_room = max(_FIRST_ROOM, min(cap, _widest(sends, range(size), shape))) if small else _FIRST_ROOM
     if not len(bad) and verdict[4] and small:
         pieces = {}  # (source, local destination) -> bytes
         for l, source in enumerate(local):
