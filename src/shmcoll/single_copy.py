@@ -17,11 +17,21 @@ Rather than reason about every policy, each rank reads a probe buffer of every
 local peer, and the node uses single copy only if every read of every rank
 succeeded (through the store: every rank decides alike). Refused, the group
 uses the copy path and says why at INFO.
+
+Allowed is not the same as faster. The kernel pins every page it reads, and
+what that costs depends on the machine: on one 2-core VM a 256 KiB read took
+about as long as a copy, on another five times as long (BENCHMARKS.md, "Single
+copy"). So the probe also times it: each rank reads its next peer's probe
+buffer and copies a buffer of its own, a few times each, and the node keeps
+the slowest rank's ratio of the two (``Verdict.read_cost``), from which the
+placement decides where single copy pays.
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,7 +39,18 @@ from shmcoll import _single_copy
 
 _PR_SET_PTRACER = 0x59616D61
 _YAMA = "/proc/sys/kernel/yama/ptrace_scope"
-_PROBE_BYTES = 64
+# What a rank reads of each peer: the size at which the cost of a read against a copy decides the most
+# (the movement collectives' spans start at a few KiB; from about 256 KiB their time is the bytes').
+_PROBE_BYTES = 256 << 10
+_TIMED_READS = 8  # each timed, the fastest kept: a rank descheduled mid-read must not decide
+
+
+class Verdict(NamedTuple):
+    """What a node's ranks agreed: why single copy is refused (None: allowed), and what a read of a peer
+    costs against a copy of the same bytes (the slowest rank's ratio; 0.0 where nothing was measured)."""
+
+    refused: str | None
+    read_cost: float = 0.0
 
 
 def yama_scope() -> int | None:
@@ -41,14 +62,15 @@ def yama_scope() -> int | None:
         return None
 
 
-def agree(store, key: str, rank: int, local_ranks: list[int], settings) -> str | None:
-    """None if every rank of the node can read every other's memory; else why not (the same on every rank).
-    Collective over ``local_ranks`` (every rank of the node calls it)."""
+def agree(store, key: str, rank: int, local_ranks: list[int], settings) -> Verdict:
+    """Whether every rank of the node can read every other's memory, and at what cost (the same verdict on
+    every rank). Collective over ``local_ranks`` (every rank of the node calls it)."""
     if settings.single_copy == "0":
-        return "SHMCOLL_SINGLE_COPY=0"
+        return Verdict("SHMCOLL_SINGLE_COPY=0")
     scope = yama_scope()
     if scope is not None and scope >= 2:
-        return f"Yama's ptrace_scope is {scope} ({_YAMA}): only an administrator's processes may read others"
+        return Verdict(f"Yama's ptrace_scope is {scope} ({_YAMA}): only an administrator's processes may read "
+                       "others")
     me = local_ranks.index(rank)
     probe = np.full(_PROBE_BYTES, me + 1, dtype=np.uint8)
     store.set(f"{key}/{rank}", f"{os.getpid()} {probe.ctypes.data} {os.getppid()}")
@@ -63,12 +85,19 @@ def agree(store, key: str, rank: int, local_ranks: list[int], settings) -> str |
             outcome = f"prctl(PR_SET_PTRACER) failed: {os.strerror(ctypes.get_errno())}"
         store.set(f"{key}/{rank}/tracer", "1")  # every rank named its tracer before any reads it
         store.wait([f"{key}/{r}/tracer" for r in local_ranks])
+    cost = 0.0
     if outcome == "ok":
         outcome = _probe_peers(peers, me)
-    store.set(f"{key}/{rank}/outcome", f"rank {rank}: {outcome}" if outcome != "ok" else "ok")
+    if outcome == "ok":
+        pid, address, _ = peers[(me + 1) % len(peers)]
+        cost = read_cost(int(pid), int(address))
+    store.set(f"{key}/{rank}/outcome", f"ok {cost!r}" if outcome == "ok" else f"rank {rank}: {outcome}")
     outcomes = [value.decode() for value in store.multi_get([f"{key}/{r}/outcome" for r in local_ranks])]
     del probe  # every peer is done reading it: it wrote its outcome after its reads
-    return next((o for o in outcomes if o != "ok"), None)
+    refused = next((o for o in outcomes if not o.startswith("ok ")), None)
+    if refused is not None:
+        return Verdict(refused)
+    return Verdict(None, max(float(o.split()[1]) for o in outcomes))
 
 
 def _probe_peers(peers: list[list[str]], me: int) -> str:
@@ -84,23 +113,44 @@ def _probe_peers(peers: list[list[str]], me: int) -> str:
     return "ok"
 
 
-def self_check() -> str | None:
-    """For ``python -m shmcoll info``: None if a child process can read this one's memory, else why not."""
+def read_cost(pid: int, address: int) -> float:
+    """How many times longer reading ``_PROBE_BYTES`` of process ``pid`` at ``address`` takes than copying as
+    many bytes in this process: the fastest of a few of each, interleaved (both on warm pages). The peer's
+    buffer must stay readable until this returns; a failed read counts as no gain (infinity)."""
+    into = np.ones(_PROBE_BYTES, dtype=np.uint8)
+    source = np.full(_PROBE_BYTES, 2, dtype=np.uint8)
+    reads, copies = [], []
+    for _ in range(_TIMED_READS):
+        start = time.perf_counter_ns()
+        if _single_copy.probe(pid, address, into.ctypes.data, _PROBE_BYTES):
+            return float("inf")
+        reads.append(time.perf_counter_ns() - start)
+        start = time.perf_counter_ns()
+        np.copyto(into, source)
+        copies.append(time.perf_counter_ns() - start)
+    return min(reads) / max(1, min(copies))
+
+
+def self_check() -> Verdict:
+    """For ``python -m shmcoll info``: whether a child process can read this one's memory, and at what cost."""
     scope = yama_scope()
     if scope is not None and scope >= 2:
-        return f"Yama's ptrace_scope is {scope}"
+        return Verdict(f"Yama's ptrace_scope is {scope}")
     probe = np.full(_PROBE_BYTES, 7, dtype=np.uint8)
     read, write = os.pipe()
     child = os.fork()
-    if child == 0:  # read the parent, report the errno through the pipe
+    if child == 0:  # read the parent, report the errno (and the cost) through the pipe
         got = np.zeros(_PROBE_BYTES, dtype=np.uint8)
         err = _single_copy.probe(os.getppid(), probe.ctypes.data, got.ctypes.data, _PROBE_BYTES)
-        os.write(write, str(err if err else (0 if (got == 7).all() else -1)).encode())
+        answer = err if err else (0 if (got == 7).all() else -1)
+        cost = read_cost(os.getppid(), probe.ctypes.data) if answer == 0 else 0.0
+        os.write(write, f"{answer} {cost!r}".encode())
         os._exit(0)
     os.close(write)
-    answer = int(os.read(read, 32) or b"-1")
+    answer, cost = (os.read(read, 64) or b"-1 0.0").split()
     os.close(read)
     os.waitpid(child, 0)
-    if answer == 0:
-        return None
-    return "a child read other bytes" if answer < 0 else f"process_vm_readv failed: {os.strerror(answer)}"
+    if int(answer) == 0:
+        return Verdict(None, float(cost))
+    return Verdict("a child read other bytes" if int(answer) < 0 else
+                   f"process_vm_readv failed: {os.strerror(int(answer))}")

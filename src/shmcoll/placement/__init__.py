@@ -113,13 +113,13 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
         arena.describe = describe
     waits = WaitBudgets(settings, len(topo.local_ranks))
     if topo.single_node:
-        refused = single_copy.agree(store, f"{keys}/single-copy", rank, topo.local_ranks, settings)
-        if refused is None:
+        verdict = single_copy.agree(store, f"{keys}/single-copy", rank, topo.local_ranks, settings)
+        if verdict.refused is None:
             arena.enable_single_copy()
         elif rank == topo.local_ranks[0] and settings.single_copy != "0":
             log.info("single-copy transfers are not allowed between the ranks of this node, so large collectives "
-                     "copy through shared memory: %s", refused)
+                     "copy through shared memory: %s", verdict.refused)
         count = lanes.agree(store, keys, rank, topo.local_ranks, lanes_wanted(settings))
         return OneNode(arena, rank, settings, waits, lanes.Lanes(arena, count, settings.thread_bytes, f"rank{rank}"),
-                       refused)
+                       verdict)
     return Nodes(store, rank, size, timeout, topo, arena, keys, waits, settings)

@@ -17,7 +17,7 @@ from shmcoll.staging import staged, staged_empty, unstage
 
 # Where reading the peers' buffers (single copy) beat the copy path through the arena: (least, most) bytes
 # per rank (a reduce-scatter's output, an all-gather's input, a broadcast's or all-reduce's message),
-# measured at 2 ranks on the 2-core VM (BENCHMARKS.md, "Single copy"), alternating the two paths.
+# measured at 2 ranks on the 2-core Intel VM (BENCHMARKS.md, "Single copy"), alternating the two paths.
 # Single copy copies each byte once, but in the kernel, which pins each page first: for a few KiB the
 # extra synchronisation costs more than the copy it saves; a broadcast above 1 MiB has one reader where
 # the copy path keeps both ranks copying; an all-reduce below 2 MiB does its chunks in cache-sized
@@ -26,6 +26,27 @@ SINGLE_COPY_SPANS = {
     "all_gather": (16 << 10, None), "reduce_scatter": (16 << 10, None),
     "broadcast": (8 << 10, 1 << 20), "all_reduce": (2 << 20, 32 << 20),
 }
+# The collectives that only move bytes: single copy replaces their two copies (into the arena and out of
+# it) by one read of the peer, so it pays only where a read costs less than two copies. On the Intel VM
+# whose spans these are, a 256 KiB broadcast took 16 us by a read against 24 us by two copies (about one
+# copy per read, judged from those times: the probe did not time reads then); on an AMD EPYC VM the probe
+# finds a read costs 3.5-6.5 copies (single_copy.read_cost), and there both lost to the copy path by
+# 5-80% while the reductions, which save more copies, still won (BENCHMARKS.md, "Single copy").
+MOVEMENT = ("all_gather", "broadcast")
+MOVEMENT_READ_COST_LIMIT = 2.0
+
+
+def single_copy_spans(verdict, mode: str) -> dict:
+    """The collectives that read the peers' buffers, and at which sizes (``SINGLE_COPY_SPANS``' form), for a
+    node's ``single_copy.Verdict`` and SHMCOLL_SINGLE_COPY (``mode``): none where refused; every size of
+    every collective where forced ("1"); else the measured spans, less the movement collectives where a read
+    costs at least ``MOVEMENT_READ_COST_LIMIT`` copies."""
+    if verdict.refused is not None:
+        return {}
+    if mode == "1":
+        return {kind: (0, None) for kind in SINGLE_COPY_SPANS}
+    return {kind: span for kind, span in SINGLE_COPY_SPANS.items()
+            if kind not in MOVEMENT or verdict.read_cost < MOVEMENT_READ_COST_LIMIT}
 
 
 def _span(least: int, most: int | None) -> str:
@@ -62,7 +83,7 @@ class OnArena:
 class OneNode(OnArena):
     """The group's placement when all its ranks share one arena."""
 
-    def __init__(self, arena, rank: int, settings, waits, lanes, single_copy_refused: str | None = None):
+    def __init__(self, arena, rank: int, settings, waits, lanes, single_copy):
         self.arena = arena
         self.rank = rank
         self.waits = waits  # placement.WaitBudgets
@@ -72,18 +93,17 @@ class OneNode(OnArena):
         self.one_shot_bytes = min(settings.small_bytes, arena.chunk_bytes)
         self.settings = settings
         self.nodes = [arena.ranks]
-        self.single_copy_refused = single_copy_refused  # why the node may not read its peers' buffers, if so
+        self.single_copy = single_copy  # the node's single_copy.Verdict
+        self.single_copy_spans = single_copy_spans(single_copy, settings.single_copy)
 
     def _single_copy(self, kind: str, nbytes: int) -> bool:
-        """Whether a collective ``kind`` of ``nbytes`` per rank reads the peers' buffers directly: the node
-        allows it, it would run on one thread (lanes, where a rank has several, split the copy path over
-        them instead), and it is where single copy was measured faster (``SINGLE_COPY_SPANS``), or
-        SHMCOLL_SINGLE_COPY=1 asks for every size."""
-        if self.arena.single_copy is None or nbytes >= self.lanes.split_bytes:
+        """Whether a collective ``kind`` of ``nbytes`` per rank reads the peers' buffers directly: in its span
+        (``single_copy_spans``), and on one thread (lanes, where a rank has several, split the copy path
+        over them instead)."""
+        span = self.single_copy_spans.get(kind)
+        if span is None or nbytes >= self.lanes.split_bytes:
             return False
-        if self.settings.single_copy == "1":
-            return True
-        least, most = SINGLE_COPY_SPANS[kind]
+        least, most = span
         return least <= nbytes and (most is None or nbytes <= most)
 
     def _over_lanes(self, desc: int, count: int, itemsize: int, job) -> None:
@@ -262,10 +282,12 @@ class OneNode(OnArena):
                 f"  all_reduce: one-shot up to {self.one_shot_bytes} B, chunked reduce-scatter + all-gather above",
                 f"  threads per collective: up to {self.lanes.count} (one per {s.thread_bytes // 1024} KiB "
                 f"of message)",
-                "  single copy: " + (f"off ({self.single_copy_refused})" if self.single_copy_refused else
+                "  single copy: " + (f"off ({self.single_copy.refused})" if self.single_copy.refused else
                                      "every size (SHMCOLL_SINGLE_COPY=1)" if s.single_copy == "1" else
-                                     "where measured faster: " + ", ".join(
-                                         f"{kind} {_span(*span)}" for kind, span in SINGLE_COPY_SPANS.items())),
+                                     f"a read costs {self.single_copy.read_cost:.2f} copies here; " + ", ".join(
+                                         f"{kind} {_span(*self.single_copy_spans[kind])}"
+                                         if kind in self.single_copy_spans else f"{kind} never"
+                                         for kind in SINGLE_COPY_SPANS)),
                 self.waits.describe()]
 
     def close(self) -> None:
