@@ -93,15 +93,15 @@ def _single_copy_state(settings) -> str:
     if scope == 1:  # a child may not read its parent; sibling ranks name their launcher as tracer
         return ("allowed if the ranks of a node share a parent (Yama's ptrace_scope is 1: each names it with "
                 "PR_SET_PTRACER); the group probes it at creation")
-    from shmcoll.placement.node import SINGLE_COPY_SPANS, single_copy_spans
+    from shmcoll.placement.node import single_copy_spans
 
     verdict = single_copy.self_check()
     if verdict.refused:
         return f"refused ({verdict.refused}): large collectives copy through shared memory"
     spans = single_copy_spans(verdict, settings.single_copy)
-    used = "every collective at every size (SHMCOLL_SINGLE_COPY=1)" if settings.single_copy == "1" else \
-        ", ".join(kind for kind in SINGLE_COPY_SPANS if kind in spans) + " in their spans (see README)" + \
-        "".join(f"; {kind} never" for kind in SINGLE_COPY_SPANS if kind not in spans)
+    used = ("every collective at every size (SHMCOLL_SINGLE_COPY=1)" if settings.single_copy == "1" else
+            ", ".join(spans) + " in their spans (see README)" if spans else
+            "not used, as the copy path is faster where reads cost two copies or more")
     return (f"allowed (a child process read this one's memory; a read costs {verdict.read_cost:.1f} copies "
             f"here): {used}")
 

@@ -26,27 +26,25 @@ SINGLE_COPY_SPANS = {
     "all_gather": (16 << 10, None), "reduce_scatter": (16 << 10, None),
     "broadcast": (8 << 10, 1 << 20), "all_reduce": (2 << 20, 32 << 20),
 }
-# The collectives that only move bytes: single copy replaces their two copies (into the arena and out of
-# it) by one read of the peer, so it pays only where a read costs less than two copies. On the Intel VM
-# whose spans these are, a 256 KiB broadcast took 16 us by a read against 24 us by two copies (about one
-# copy per read, judged from those times: the probe did not time reads then); on an AMD EPYC VM the probe
-# finds a read costs 3.5-6.5 copies (single_copy.read_cost), and there both lost to the copy path by
-# 5-80% while the reductions, which save more copies, still won (BENCHMARKS.md, "Single copy").
-MOVEMENT = ("all_gather", "broadcast")
-MOVEMENT_READ_COST_LIMIT = 2.0
+# Single copy pays only where the kernel's read of a peer is cheap: it saves one or two copies (into the
+# arena and out of it) per byte and reads once instead. On the Intel VM whose spans these are, a 256 KiB
+# broadcast took 16 us by a read against 24 us by two copies (about one copy per read, judged from those
+# times: the probe did not time reads then). On an AMD EPYC VM the probe finds a read costs 3.4-6.5
+# copies (single_copy.read_cost), and there every collective lost 25-67% to the copy path from 32 KiB to
+# 16 MiB, both paths interleaved in one job (bench/bench_single_copy.py; BENCHMARKS.md, "Single copy").
+READ_COST_LIMIT = 2.0
 
 
 def single_copy_spans(verdict, mode: str) -> dict:
     """The collectives that read the peers' buffers, and at which sizes (``SINGLE_COPY_SPANS``' form), for a
     node's ``single_copy.Verdict`` and SHMCOLL_SINGLE_COPY (``mode``): none where refused; every size of
-    every collective where forced ("1"); else the measured spans, less the movement collectives where a read
-    costs at least ``MOVEMENT_READ_COST_LIMIT`` copies."""
+    every collective where forced ("1"); else the measured spans where a read costs less than
+    ``READ_COST_LIMIT`` copies, and none where it costs more."""
     if verdict.refused is not None:
         return {}
     if mode == "1":
         return {kind: (0, None) for kind in SINGLE_COPY_SPANS}
-    return {kind: span for kind, span in SINGLE_COPY_SPANS.items()
-            if kind not in MOVEMENT or verdict.read_cost < MOVEMENT_READ_COST_LIMIT}
+    return dict(SINGLE_COPY_SPANS) if verdict.read_cost < READ_COST_LIMIT else {}
 
 
 def _span(least: int, most: int | None) -> str:
@@ -284,10 +282,10 @@ class OneNode(OnArena):
                 f"of message)",
                 "  single copy: " + (f"off ({self.single_copy.refused})" if self.single_copy.refused else
                                      "every size (SHMCOLL_SINGLE_COPY=1)" if s.single_copy == "1" else
-                                     f"a read costs {self.single_copy.read_cost:.2f} copies here; " + ", ".join(
-                                         f"{kind} {_span(*self.single_copy_spans[kind])}"
-                                         if kind in self.single_copy_spans else f"{kind} never"
-                                         for kind in SINGLE_COPY_SPANS)),
+                                     f"a read costs {self.single_copy.read_cost:.2f} copies here; " + (
+                                         ", ".join(f"{kind} {_span(*span)}"
+                                                   for kind, span in self.single_copy_spans.items())
+                                         or "off (the copy path is faster)")),
                 self.waits.describe()]
 
     def close(self) -> None:

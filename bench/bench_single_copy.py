@@ -1,0 +1,94 @@
+"""Single copy against the copy path inside a node, interleaved in one job.
+
+    torchrun --nproc_per_node=2 bench/bench_single_copy.py [--sizes 32K,256K,2M,16M] [--rounds 5]
+
+Two shm groups over the same ranks, one made with SHMCOLL_SINGLE_COPY=1 (every
+size reads the peers' buffers) and one with 0 (every size copies through the
+arena), and their calls alternate round by round, so that a machine whose
+speed drifts (a shared VM can run twice as slow for minutes) weighs on both
+alike; separate jobs per path cannot show which is faster there. Prints, per
+collective and size (nccl-tests sizes: all_gather's output, reduce_scatter's
+input), the median over rounds of rank 0's time per call for each path and
+their ratio, and the read cost the probe measured (``single_copy.read_cost``),
+which decides the default (``placement.node.single_copy_spans``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from shmcoll.bench.cases import ALL_GATHER, REDUCE_SCATTER
+
+
+def _size(text: str) -> int:
+    text = text.strip().upper()
+    return int(text.rstrip("KM")) * {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+
+
+def _call(op: str, nbytes: int, group, world: int):
+    n = nbytes // 4
+    if op == "all_reduce":
+        t = torch.ones(n)
+        return lambda: dist.all_reduce(t, group=group)
+    if op == "broadcast":
+        t = torch.ones(n)
+        return lambda: dist.broadcast(t, 0, group=group)
+    if op == "all_gather":
+        out, inp = torch.ones(n), torch.ones(n // world)
+        return lambda: ALL_GATHER(out, inp, group=group)
+    out, inp = torch.ones(n // world), torch.ones(n)
+    return lambda: REDUCE_SCATTER(out, inp, group=group)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="32K,256K,2M,16M")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ops", default="all_reduce,reduce_scatter,all_gather,broadcast")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    groups = {}
+    for path, mode in (("copy", "0"), ("single copy", "1")):
+        os.environ["SHMCOLL_SINGLE_COPY"] = mode  # read when each group is made
+        if not dist.is_initialized():
+            dist.init_process_group("shm")
+            groups[path] = dist.group.WORLD
+        else:
+            groups[path] = dist.new_group(backend="shm")
+    control = dist.new_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    from shmcoll import backend
+
+    verdict = backend.of_group(groups["single copy"]).placement.single_copy  # what the group's probe found
+    if rank == 0:
+        print(f"{world} ranks; single copy refused here: {verdict.refused}" if verdict.refused else
+              f"{world} ranks; the group's probe: a read of a peer costs {verdict.read_cost:.2f} copies here")
+        print(f"{'op':15s} {'bytes':>8s} {'single copy us':>15s} {'copy us':>9s} {'copy/single':>12s}")
+    for op in args.ops.split(","):
+        for nbytes in (_size(s) for s in args.sizes.split(",")):
+            iters = max(5, min(500, int(2e5 / max(1, nbytes >> 10))))
+            calls = {path: _call(op, nbytes, group, world) for path, group in groups.items()}
+            times = {path: [] for path in groups}
+            for _ in range(args.rounds):
+                for path, call in calls.items():
+                    for _ in range(5):
+                        call()
+                    dist.barrier(group=control)
+                    start = time.perf_counter()
+                    for _ in range(iters):
+                        call()
+                    times[path].append((time.perf_counter() - start) / iters * 1e6)
+            if rank == 0:
+                single, copy = statistics.median(times["single copy"]), statistics.median(times["copy"])
+                print(f"{op:15s} {nbytes >> 10:>5d} KiB {single:>15.1f} {copy:>9.1f} {copy / single:>12.2f}",
+                      flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
