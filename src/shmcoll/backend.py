@@ -76,8 +76,8 @@ class Collectives:
         kernel_library.warm()
         self._placement = placement.create(store, rank, size, timeout, self._settings, self.describe_current)
         self._sparse_buffers = sparse.Buffers()  # empty until a sparse all_reduce
-        # The small all-reduce path: one node, plans admitted per (op value, dtype) as they are met.
-        self._one_shot = {} if self._placement.one_shot_bytes and _hash_is_op_value() else None
+        # The all-reduce fast path: one node, plans admitted per (op value, dtype) as they are met.
+        self._planned = {} if self._placement.one_shot_bytes and _hash_is_op_value() else None
         if rank == 0 and _log.isEnabledFor(logging.INFO):
             nodes = self._placement.nodes
             _log.info("%s", "\n".join([f"shm process group of {size} ranks on {len(nodes)} node(s): {nodes}; "
@@ -160,9 +160,13 @@ class Collectives:
     def allreduce(self, tensors, opts=None):
         # At 8 bytes the shared-memory exchange takes under a microsecond and torch's
         # own all_reduce wrapper about six; every check below is a measurable share
-        # of the rest, hence a path of its own for the common case: one small,
-        # contiguous, dense CPU tensor, a synchronous call, one node, nothing in flight.
-        plans = self._one_shot
+        # of the rest, hence a path of its own for the common case: one contiguous,
+        # dense CPU tensor of an (op, dtype) planned before, a synchronous call, one
+        # node, nothing in flight. It needs no checks (those conditions are what they
+        # check), no plan and no packing of the descriptor (both kept from the first
+        # call); a small tensor takes the one-shot exchange, a larger one the
+        # placement's all-reduce, the same one the general path runs.
+        plans = self._planned
         if plans is not None and type(opts) is _AllreduceOptions and len(tensors) == 1 and not opts.asyncOp:
             tensor = tensors[0]
             if (isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.layout is _STRIDED
@@ -170,10 +174,13 @@ class Collectives:
                 plan = plans.get((hash(opts.reduceOp), tensor.dtype))
                 if plan is not None:
                     count = tensor.numel()
-                    if 0 < count <= plan[0] and not self._engine.busy():
-                        _, desc_base, red = plan
+                    if 0 < count <= descriptors.COUNT_MAX and not self._engine.busy():
+                        one_shot_count, desc_base, red = plan
                         desc = desc_base | count << descriptors.COUNT_SHIFT
-                        self._run(desc, lambda: self._placement.one_shot(tensor, count, red, desc))
+                        if count <= one_shot_count:
+                            self._run(desc, lambda: self._placement.one_shot(tensor, count, red, desc))
+                        else:  # red.finish would do nothing: plans that need it are not admitted
+                            self._run(desc, lambda: self._placement.allreduce(tensor, red, desc))
                         return self._engine.completed(tensors)
         return self._allreduce(tensors, opts)
 
@@ -186,7 +193,7 @@ class Collectives:
         red = self._reductions.plan(_reduce_op(opts), tensor.dtype, "all_reduce")
         count = red.view(tensor).numel()
         desc = descriptors.descriptor(descriptors.ALLREDUCE, count, red.dtype.code, red.code)
-        self._admit_one_shot(_reduce_op(opts), tensor.dtype, red)
+        self._admit(_reduce_op(opts), tensor.dtype, red)
 
         def body():
             self._placement.allreduce(tensor, red, desc)
@@ -194,9 +201,9 @@ class Collectives:
 
         return self._launch(desc, body, [tensor], opts)
 
-    def _admit_one_shot(self, redop, dtype, red: ops.Reduction) -> None:
-        """Let later all-reduces of (redop, dtype) take the small path, if it can run them."""
-        plans = self._one_shot
+    def _admit(self, redop, dtype, red: ops.Reduction) -> None:
+        """Let later all-reduces of (redop, dtype) take the fast path, if it can run them."""
+        plans = self._planned
         if plans is None or red.premul or red.as_real or red.int_average:
             return
         key = (ops.kind_of(redop).value, dtype)

@@ -19,12 +19,13 @@ _OP_NAME_BY_CODE = {o.kernel + 1: o.name for o in kernel_abi.REDUCE_OPS}  # 0: n
 _DTYPE_BY_CODE = {d.code: d.name for d in kernel_abi.DTYPE_TABLE}  # 0: a count in bytes
 
 COUNT_SHIFT = 30  # the count is the descriptor's top field: descriptor(..., 0, ...) | count << COUNT_SHIFT
+COUNT_MAX = (1 << 34) - 1  # the largest count that field holds whole (descriptor() keeps a larger one's low bits)
 
 
 def descriptor(kind: int, count: int = 0, dtype_code: int = 0, op_code: int = 0, root: int = 0) -> int:
     """Pack what identifies a collective into 64 bits: kind 6, op 4, dtype 5, root 15, count 34."""
     return (kind | op_code << 6 | dtype_code << 10 | (root & 0x7FFF) << 15
-            | (count & 0x3FFFFFFFF) << COUNT_SHIFT)
+            | (count & COUNT_MAX) << COUNT_SHIFT)
 
 
 def describe(desc: int) -> str:
