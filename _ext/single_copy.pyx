@@ -103,11 +103,15 @@ cdef class SingleCopy:
 
     # -- pieces ------------------------------------------------------------------------
 
+    cdef inline void _post_step(self, uint32_t step, uint64_t desc) noexcept nogil:
+        """Post ``step`` and record it as posted (what the schedule reports)."""
+        _post(self.lines, self.me, step, desc)
+        self.posted = step
+
     cdef inline void _publish(self, uint32_t step, uint64_t desc, uintptr_t address) noexcept nogil:
         """Post ``step`` with our buffer's address (readable by the peers once they see the step)."""
         arch.shmcoll_store_release_u64(_address_slot(self.lines, self.me, step), address)
-        _post(self.lines, self.me, step, desc)
-        self.posted = step
+        self._post_step(step, desc)
 
     cdef inline int _wait_all(self, uint32_t step) noexcept nogil:
         """1 once every rank has reached ``step``; 0 if the slice ended first."""
@@ -157,8 +161,7 @@ cdef class SingleCopy:
                     err = _read(self._pid(peer), out + peer * out_stride, self._their(peer, base + 1), nbytes)
                     if err:
                         return self._fail(peer, err)
-            _post(self.lines, me, base + 2, desc)
-            self.posted = base + 2
+            self._post_step(base + 2, desc)
             if not self._wait_all(base + 2):
                 return 1
         return _DONE
@@ -189,8 +192,7 @@ cdef class SingleCopy:
                 err = _read(self._pid(root), <char *>addr, self._their(root, base + 1), nbytes)
                 if err:
                     return self._fail(root, err)
-            _post(self.lines, me, base + 2, desc)
-            self.posted = base + 2
+            self._post_step(base + 2, desc)
             if me == root and not self._wait_all(base + 2):
                 return 1
         return _DONE
@@ -240,8 +242,7 @@ cdef class SingleCopy:
                                 self._their(peer, base + 1) + lo * itemsize, (hi - lo) * itemsize)
                     if err:
                         return self._fail(peer, err)
-            _post(self.lines, me, base + 3, desc)
-            self.posted = base + 3
+            self._post_step(base + 3, desc)
             if not self._wait_all(base + 3):
                 return 2
         return _DONE
@@ -277,8 +278,7 @@ cdef class SingleCopy:
                             return self._fail(peer, err)
                 kernel(out + start * itemsize, rows, rows + piece * itemsize, size - 1, piece, n, op, scale)
                 start += n
-            _post(self.lines, me, base + 2, desc)
-            self.posted = base + 2
+            self._post_step(base + 2, desc)
             if not self._wait_all(base + 2):
                 return 1
         return _DONE
