@@ -200,7 +200,7 @@ class Arena(Steps):
         self.describe = None  # set by the group: () -> text naming the collective in progress, for errors
         self.watch = waits.Watch(local_rank, ranks, self.timeout_s, self.pid, self._abandoned_by)
         self._lanes: list[Steps] = []
-        self.single_copy = None  # the single-copy schedules, once the node agreed they are allowed
+        self.single_copy = None  # the single-copy schedules, once the node agreed to use them
         super().__init__(self, base + regions.lines, chunk_bytes, self.data, self.scratch)
 
     # -- layout --------------------------------------------------------------
@@ -240,8 +240,9 @@ class Arena(Steps):
             self.single_copy.set_waits(spin_ns, yield_ns)
 
     def enable_single_copy(self) -> None:
-        """Collectives may read the peers' buffers directly (``shmcoll.single_copy`` found it allowed), over
-        this arena's control lines, with our scratch for the pieces of a reduction."""
+        """Collectives may read the peers' buffers directly (``shmcoll.single_copy`` found it allowed, and
+        ``placement.node.single_copy_spans`` worth it), over this arena's control lines, with our scratch
+        for the pieces of a reduction."""
         self.single_copy = _single_copy.SingleCopy(self.lines, self.local_rank, self.local_size, self.scratch,
                                                    self.chunk_bytes, self.spin_ns, self.yield_ns, _SLICE_NS)
 

@@ -114,9 +114,7 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
     waits = WaitBudgets(settings, len(topo.local_ranks))
     if topo.single_node:
         verdict = single_copy.agree(store, f"{keys}/single-copy", rank, topo.local_ranks, settings)
-        if verdict.refused is None:
-            arena.enable_single_copy()
-        elif rank == topo.local_ranks[0] and settings.single_copy != "0":
+        if verdict.refused is not None and rank == topo.local_ranks[0] and settings.single_copy != "0":
             log.info("single-copy transfers are not allowed between the ranks of this node, so large collectives "
                      "copy through shared memory: %s", verdict.refused)
         count = lanes.agree(store, keys, rank, topo.local_ranks, lanes_wanted(settings))

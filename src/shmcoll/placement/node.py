@@ -93,6 +93,8 @@ class OneNode(OnArena):
         self.nodes = [arena.ranks]
         self.single_copy = single_copy  # the node's single_copy.Verdict
         self.single_copy_spans = single_copy_spans(single_copy, settings.single_copy)
+        if self.single_copy_spans:  # the same verdict and settings on every rank of the node
+            arena.enable_single_copy()
 
     def _single_copy(self, kind: str, nbytes: int) -> bool:
         """Whether a collective ``kind`` of ``nbytes`` per rank reads the peers' buffers directly: in its span
