@@ -22,34 +22,17 @@ import time
 import torch
 import torch.distributed as dist
 
-from shmcoll.bench.cases import ALL_GATHER, REDUCE_SCATTER
-
-
-def _size(text: str) -> int:
-    text = text.strip().upper()
-    return int(text.rstrip("KM")) * {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-
-
-def _call(op: str, nbytes: int, group, world: int):
-    n = nbytes // 4
-    if op == "all_reduce":
-        t = torch.ones(n)
-        return lambda: dist.all_reduce(t, group=group)
-    if op == "broadcast":
-        t = torch.ones(n)
-        return lambda: dist.broadcast(t, 0, group=group)
-    if op == "all_gather":
-        out, inp = torch.ones(n), torch.ones(n // world)
-        return lambda: ALL_GATHER(out, inp, group=group)
-    out, inp = torch.ones(n // world), torch.ones(n)
-    return lambda: REDUCE_SCATTER(out, inp, group=group)
+from shmcoll.bench.cases import ALL_OPS, OpCase, counts_for
+from shmcoll.bench.report import SHORT_OP
+from shmcoll.bench.sweep import parse_bytes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="32K,256K,2M,16M")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--ops", default="all_reduce,reduce_scatter,all_gather,broadcast")
+    parser.add_argument("--ops", default="all_reduce,reduce_scatter_tensor,all_gather_into_tensor,broadcast",
+                        help=f"comma list of {', '.join(ALL_OPS)}")
     args = parser.parse_args()
     torch.set_num_threads(1)
     groups = {}
@@ -70,9 +53,10 @@ def main() -> None:
               f"{world} ranks; the group's probe: a read of a peer costs {verdict.read_cost:.2f} copies here")
         print(f"{'op':15s} {'bytes':>8s} {'single copy us':>15s} {'copy us':>9s} {'copy/single':>12s}")
     for op in args.ops.split(","):
-        for nbytes in (_size(s) for s in args.sizes.split(",")):
+        for nbytes in (parse_bytes(s) for s in args.sizes.split(",")):
             iters = max(5, min(500, int(2e5 / max(1, nbytes >> 10))))
-            calls = {path: _call(op, nbytes, group, world) for path, group in groups.items()}
+            case = OpCase(op, counts_for(op, nbytes, 4, world), torch.float32, world, rank)
+            calls = {path: case.fn(group, *case.alloc()) for path, group in groups.items()}
             times = {path: [] for path in groups}
             for _ in range(args.rounds):
                 for path, call in calls.items():
@@ -85,7 +69,7 @@ def main() -> None:
                     times[path].append((time.perf_counter() - start) / iters * 1e6)
             if rank == 0:
                 single, copy = statistics.median(times["single copy"]), statistics.median(times["copy"])
-                print(f"{op:15s} {nbytes >> 10:>5d} KiB {single:>15.1f} {copy:>9.1f} {copy / single:>12.2f}",
+                print(f"{SHORT_OP[op]:15s} {nbytes >> 10:>5d} KiB {single:>15.1f} {copy:>9.1f} {copy / single:>12.2f}",
                       flush=True)
     dist.destroy_process_group()
 
