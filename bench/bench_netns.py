@@ -287,7 +287,8 @@ def cell(point: dict, name: str) -> str:
 def table(run: dict, machine: dict) -> str:
     rate = link_bytes_per_s(run["rate"])
     lines = [f"{machine['cpu']}, {machine['cores']} cores, Linux {machine['kernel']}, torch {machine['torch']}; "
-             f"link {run['rate']}{' (tbf on both veth ends)' if rate else ''}, 2 nodes x {run['per_node']} ranks; "
+             f"link {run['rate']}{' (tbf on both veth ends)' if rate else ''}, TCP {machine.get('tcp', '?')}, "
+             f"2 nodes x {run['per_node']} ranks; "
              f"commit {machine['commit']}", "",
              "| op | size | shm | gloo | gloo/shm | bound | shm % | gloo % | shm B/call | gloo B/call |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -309,8 +310,12 @@ def describe() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()
     from importlib.metadata import version
+    # New namespaces take the machine's TCP congestion control, which decides how a connection that has
+    # carried bulk data sends a burst afterwards (BBR paces it at the rate it learnt; BENCHMARKS.md).
+    congestion = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
     # Others may be editing the tree: say so, the commit alone would not describe what ran.
     return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(), "torch": version("torch"),
+            "tcp": congestion,
             "commit": git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "src") else "")}
 
 
