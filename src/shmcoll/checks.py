@@ -117,7 +117,7 @@ def rooted_list(lists, is_root: bool, model: torch.Tensor, size: int, root_rank:
 def split_bytes(t: torch.Tensor, splits, size: int, what: str) -> list[tuple[int, int]]:
     """(byte offset, byte count) of each rank's block of ``t`` along dim 0 (all_to_all_single)."""
     rows = t.shape[0] if t.dim() else 1
-    row_bytes = t.numel() * t.element_size() // rows if rows else 0
+    row_bytes = t.nbytes // rows if rows else 0
     splits = list(splits)
     if not splits:
         if rows % size:

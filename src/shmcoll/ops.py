@@ -30,7 +30,7 @@ def movement_code(dtype: torch.dtype) -> int:
 def movement(tensor: torch.Tensor) -> tuple[int, int]:
     """(count, dtype code) of a data-movement descriptor of ``tensor``: elements of a named dtype, else bytes."""
     code = movement_code(tensor.dtype)
-    return (tensor.numel(), code) if code else (tensor.numel() * tensor.element_size(), 0)
+    return (tensor.numel(), code) if code else (tensor.nbytes, 0)
 
 
 class Op(NamedTuple):

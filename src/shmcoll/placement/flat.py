@@ -118,12 +118,12 @@ class Flat:
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], desc: int) -> None:
         # As one all_to_all_single of bytes: Gloo's list form refuses tensors of different sizes.
         source = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in inputs])
-        target = torch.empty(sum(t.numel() * t.element_size() for t in outputs), dtype=torch.uint8)
-        self.group.alltoall_base(target, source, [t.numel() * t.element_size() for t in outputs],
-                                 [t.numel() * t.element_size() for t in inputs], dist.AllToAllOptions()).wait()
+        target = torch.empty(sum(t.nbytes for t in outputs), dtype=torch.uint8)
+        self.group.alltoall_base(target, source, [t.nbytes for t in outputs], [t.nbytes for t in inputs],
+                                 dist.AllToAllOptions()).wait()
         offset = 0
         for out in outputs:
-            n = out.numel() * out.element_size()
+            n = out.nbytes
             out.copy_(target[offset:offset + n].view(out.dtype).view(out.shape))
             offset += n
 
@@ -160,5 +160,5 @@ class Flat:
 def _rows(blocks, tensor: torch.Tensor) -> list[int]:
     """Split sizes in rows from (byte offset, byte count) blocks."""
     rows = tensor.shape[0] if tensor.dim() else 1
-    row_bytes = tensor.numel() * tensor.element_size() // rows if rows else 1
+    row_bytes = tensor.nbytes // rows if rows else 1
     return [n // row_bytes if row_bytes else 0 for _, n in blocks]

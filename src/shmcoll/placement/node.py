@@ -51,13 +51,9 @@ def _span(least: int, most: int | None) -> str:
     return f"from {least >> 10} KiB" + (f" to {most >> 10} KiB" if most is not None else "")
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the memory of two contiguous tensors overlaps."""
-    return a.data_ptr() < b.data_ptr() + _nbytes(b) and b.data_ptr() < a.data_ptr() + _nbytes(a)
+    return a.data_ptr() < b.data_ptr() + b.nbytes and b.data_ptr() < a.data_ptr() + a.nbytes
 
 
 class OnArena:
@@ -176,10 +172,10 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         work = staged(tensor)
         addr = work.data_ptr()
-        if self._single_copy("broadcast", _nbytes(tensor)):
-            broadcast.single_copy(self.arena, addr, _nbytes(tensor), root, desc)
+        if self._single_copy("broadcast", tensor.nbytes):
+            broadcast.single_copy(self.arena, addr, tensor.nbytes, root, desc)
             return unstage(tensor, work)
-        self._over_lanes(desc, _nbytes(tensor), 1, lambda steps, lo, hi: broadcast.broadcast(
+        self._over_lanes(desc, tensor.nbytes, 1, lambda steps, lo, hi: broadcast.broadcast(
             steps, addr + lo, hi - lo, root, desc))
         unstage(tensor, work)
 
@@ -188,12 +184,12 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         source = input.contiguous()
         targets = [staged_empty(out) for out in outputs]
-        allgather.allgather(self.arena, source.data_ptr(), _nbytes(source), [t.data_ptr() for t in targets], desc)
+        allgather.allgather(self.arena, source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets], desc)
         for out, target in zip(outputs, targets):
             unstage(out, target)
 
     def allgather_into(self, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
-        nbytes = _nbytes(input)
+        nbytes = input.nbytes
         if nbytes == 0:
             return barrier.barrier(self.arena, desc)
         source = input.contiguous()
@@ -207,7 +203,7 @@ class OneNode(OnArena):
         unstage(output, target)
 
     def allgather_windows(self, input: torch.Tensor, unit: int, consume, desc: int) -> None:
-        nbytes = _nbytes(input)
+        nbytes = input.nbytes
         if nbytes == 0:
             return barrier.barrier(self.arena, desc)
         window = self.arena.chunk_bytes // unit * unit
@@ -217,7 +213,7 @@ class OneNode(OnArena):
         allgather.allgather_windows(self.arena, source.data_ptr(), nbytes, window, consume, desc)
 
     def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int, desc: int) -> None:
-        nbytes = _nbytes(input)
+        nbytes = input.nbytes
         if nbytes == 0:
             return barrier.barrier(self.arena, desc)
         source = input.contiguous()
@@ -227,7 +223,7 @@ class OneNode(OnArena):
             unstage(out, target)
 
     def scatter(self, output: torch.Tensor, inputs: list[torch.Tensor] | None, root: int, desc: int) -> None:
-        nbytes = _nbytes(output)
+        nbytes = output.nbytes
         if nbytes == 0:
             return barrier.barrier(self.arena, desc)
         sources = [t.contiguous() for t in inputs] if inputs is not None else []
@@ -238,7 +234,7 @@ class OneNode(OnArena):
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], desc: int) -> None:
         sources = [t.contiguous() for t in inputs]
         targets = [staged_empty(t) for t in outputs]
-        sizes_in, sizes_out = [_nbytes(t) for t in sources], [_nbytes(t) for t in targets]
+        sizes_in, sizes_out = [t.nbytes for t in sources], [t.nbytes for t in targets]
         alltoall.alltoall(self.arena, [(t.data_ptr(), n) for t, n in zip(sources, sizes_in)],
                           [(t.data_ptr(), n) for t, n in zip(targets, sizes_out)], desc)
         for out, target in zip(outputs, targets):
@@ -260,14 +256,14 @@ class OneNode(OnArena):
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int):
         source = tensor.contiguous()
-        return self.p2p.start(Send(self.p2p, dst, source.data_ptr(), _nbytes(source), tag, [source]))
+        return self.p2p.start(Send(self.p2p, dst, source.data_ptr(), source.nbytes, tag, [source]))
 
     def recv(self, tensor: torch.Tensor, src: int | None, tag: int):
         """From ``src``, or from whichever rank sends first when ``src`` is None."""
         if not tensor.is_contiguous():
             raise ValueError("recv: the shm backend receives into contiguous tensors only; "
                              "pass tensor.contiguous() and copy it back")
-        return self.p2p.start(Recv(self.p2p, src, tensor.data_ptr(), _nbytes(tensor), tag, [tensor]))
+        return self.p2p.start(Recv(self.p2p, src, tensor.data_ptr(), tensor.nbytes, tag, [tensor]))
 
     # -- lifecycle -------------------------------------------------------------
 

@@ -33,7 +33,7 @@ class SingleRank:
 
     def allgather_windows(self, input: torch.Tensor, unit: int, consume, desc: int) -> None:
         source = input.contiguous()
-        consume(0, source.numel() * source.element_size(), [source.data_ptr()])
+        consume(0, source.nbytes, [source.data_ptr()])
 
     def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int, desc: int) -> None:
         outputs[0].copy_(input.reshape(outputs[0].shape))

@@ -24,7 +24,7 @@ def allgather_into(shape, output: torch.Tensor, input: torch.Tensor, desc: int) 
     """Nodes of equal size; ``output`` holds every rank's ``input`` in rank order."""
     target = staged_empty(output)
     out = target.reshape(-1).view(torch.uint8)
-    nbytes = input.numel() * input.element_size()
+    nbytes = input.nbytes
     allgather(shape, [out[r * nbytes:(r + 1) * nbytes] for r in range(shape.size)], input, desc)
     unstage(output, target)
 

@@ -25,7 +25,7 @@ def allreduce(shape, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> Non
     flat = red.view(tensor)
     if flat.numel() == 0:
         return
-    if not shape.uniform or flat.numel() * flat.element_size() <= shape.small_bytes:
+    if not shape.uniform or flat.nbytes <= shape.small_bytes:
         return by_leaders(shape, flat, red, desc)
     return on_rails(shape, flat, red, desc)
 
@@ -36,7 +36,7 @@ def by_leaders(shape, flat: torch.Tensor, red: ops.Reduction, desc: int) -> None
     if shape.local_rank == 0:
         between_leaders(shape, work, red)
         red.average(work)
-    stages.broadcast(shape, work.data_ptr(), work.numel() * work.element_size(), 0, desc)
+    stages.broadcast(shape, work.data_ptr(), work.nbytes, 0, desc)
     unstage(flat, work)
 
 
@@ -46,7 +46,7 @@ def between_leaders(shape, work: torch.Tensor, red: ops.Reduction) -> None:
     EXCHANGE_NODES; else Gloo's all_reduce (which sends each byte fewer times as nodes grow)."""
     link = shape.rail  # local rank 0's rail: every node's leader
     nodes = len(link.ranks)
-    if nodes == 2 or (nodes <= EXCHANGE_NODES and work.numel() * work.element_size() <= shape.small_bytes):
+    if nodes == 2 or (nodes <= EXCHANGE_NODES and work.nbytes <= shape.small_bytes):
         parts = torch.empty((nodes, work.numel()), dtype=work.dtype)
         link.exchange(work, {m: parts[m] for m in range(nodes) if m != link.position})
         parts[link.position].copy_(work)

@@ -74,7 +74,7 @@ def gather(shape, outputs: list[torch.Tensor] | None, input: torch.Tensor, root:
 
 def scatter(shape, output: torch.Tensor, inputs: list[torch.Tensor] | None, root: int, desc: int) -> None:
     """Nodes of equal size; from the root's ``inputs[r]``, rank r's ``output``."""
-    nbytes = output.numel() * output.element_size()
+    nbytes = output.nbytes
     if nbytes == 0:
         return
     N, L = len(shape.nodes), shape.local_size

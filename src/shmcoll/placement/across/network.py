@@ -66,7 +66,7 @@ class Link:
     # -- the calls plans make ------------------------------------------------------
 
     def send(self, tensor: torch.Tensor, member: int) -> Pending:
-        return self.start("send", lambda g: g.send([tensor], member, self.tag), tensor.numel() * tensor.element_size())
+        return self.start("send", lambda g: g.send([tensor], member, self.tag), tensor.nbytes)
 
     def recv(self, tensor: torch.Tensor, member: int) -> Pending:
         return self.start("receive", lambda g: g.recv([tensor], member, self.tag))
@@ -86,13 +86,13 @@ class Link:
     def allreduce(self, tensor: torch.Tensor, gloo_op) -> Pending:
         opts = dist.AllreduceOptions()
         opts.reduceOp = gloo_op
-        nbytes = tensor.numel() * tensor.element_size()
+        nbytes = tensor.nbytes
         return self.start("all_reduce", lambda g: g.allreduce([tensor], opts), nbytes)
 
     def allgather(self, outputs: list[torch.Tensor], input: torch.Tensor) -> Pending:
         from shmcoll._torch_compat import AllgatherOptions
 
-        nbytes = input.numel() * input.element_size() * (len(self.ranks) - 1)
+        nbytes = input.nbytes * (len(self.ranks) - 1)
         return self.start("all_gather", lambda g: g.allgather([outputs], [input], AllgatherOptions()), nbytes)
 
     def alltoall(self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int],
@@ -106,28 +106,27 @@ class Link:
     def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
         opts = dist.BroadcastOptions()
         opts.rootRank = root
-        nbytes = tensor.numel() * tensor.element_size() * (len(self.ranks) - 1) if root == self.position else 0
+        nbytes = tensor.nbytes * (len(self.ranks) - 1) if root == self.position else 0
         return self.start("broadcast", lambda g: g.broadcast([tensor], opts), nbytes)
 
     def reduce(self, tensor: torch.Tensor, root: int, gloo_op) -> Pending:
         opts = dist.ReduceOptions()
         opts.reduceOp = gloo_op
         opts.rootRank = root
-        nbytes = tensor.numel() * tensor.element_size() if root != self.position else 0
+        nbytes = tensor.nbytes if root != self.position else 0
         return self.start("reduce", lambda g: g.reduce([tensor], opts), nbytes)
 
     def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> Pending:
         opts = dist.GatherOptions()
         opts.rootRank = root
-        nbytes = input.numel() * input.element_size() if root != self.position else 0
+        nbytes = input.nbytes if root != self.position else 0
         return self.start("gather", lambda g: g.gather([outputs] if outputs is not None else [], [input], opts),
                           nbytes)
 
     def scatter(self, output: torch.Tensor, inputs: list[torch.Tensor] | None, root: int) -> Pending:
         opts = dist.ScatterOptions()
         opts.rootRank = root
-        nbytes = sum(t.numel() * t.element_size() for t in inputs or ()) - (
-            inputs[self.position].numel() * inputs[self.position].element_size() if inputs else 0)
+        nbytes = sum(t.nbytes for t in inputs or ()) - (inputs[self.position].nbytes if inputs else 0)
         return self.start("scatter", lambda g: g.scatter([output], [inputs] if inputs is not None else [], opts),
                           nbytes)
 

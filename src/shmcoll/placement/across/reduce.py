@@ -23,7 +23,7 @@ def reduce(shape, tensor: torch.Tensor, root: int, red: ops.Reduction, desc: int
     root_node, root_local = shape.node_of(root)
     # Only the root's tensor receives the result; the others' must stay as they were.
     work = staged(flat) if shape.rank == root else flat.contiguous().clone()
-    if not shape.uniform or work.numel() * work.element_size() <= shape.small_bytes:
+    if not shape.uniform or work.nbytes <= shape.small_bytes:
         _by_entry(shape, work, root_node, root_local, red, desc)
     else:
         _on_rails(shape, work, root_node, root_local, red, desc)
@@ -42,7 +42,7 @@ def _by_entry(shape, work, root_node: int, root_local: int, red, desc: int) -> N
             link.wait(parts.pending)
             parts.combine(work)
     if shape.node == root_node and entry != root_local:
-        stages.broadcast(shape, work.data_ptr(), work.numel() * work.element_size(), entry, desc)
+        stages.broadcast(shape, work.data_ptr(), work.nbytes, entry, desc)
 
 
 def _on_rails(shape, work, root_node: int, root_local: int, red, desc: int) -> None:
