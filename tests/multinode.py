@@ -411,3 +411,40 @@ def alltoall_sizes(cases):
             _equal(out, torch.cat(pieces), "all_to_all_single")
 
         cases.run(case, run)
+
+    # Sizes that disagree after a large all_to_all (the leaders' header back at its first room), a
+    # receiver expecting more or fewer bytes than its sender gives (Gloo would end the process on the
+    # latter), between nodes and inside one: the same error on every rank, and the group goes on.
+    def disagreeing(case: str, sender: int, receiver: int, rows: int, extra: int):
+        def run():  # ``receiver`` expects ``extra`` rows more (fewer, if negative) than ``sender`` sends it
+            send, recv = [rows] * world, [rows] * world
+            if rank == receiver:
+                recv[sender] += extra
+            out = torch.zeros(sum(recv), 2)
+            try:
+                dist.all_to_all_single(out, _data(case, rank, torch.float32, 2 * rows * world).reshape(-1, 2),
+                                       output_split_sizes=recv, input_split_sizes=send)
+            except ValueError as error:
+                expected = (f"rank {sender} sends {8 * rows} bytes to rank {receiver}, which expects "
+                            f"{8 * (rows + extra)} bytes from it")
+                assert expected in str(error), error
+            else:
+                raise AssertionError("sizes that disagree were not refused")
+        cases.run(case, run)
+
+    def agreeing(case: str, rows: int):
+        def run():
+            data = _data(case, rank, torch.float32, 2 * rows * world).reshape(-1, 2)
+            out = torch.full((rows * world, 2), -1.0)
+            dist.all_to_all_single(out, data)
+            expected = torch.cat([_data(case, s, torch.float32, 2 * rows * world).reshape(-1, 2)
+                                  [rank * rows:(rank + 1) * rows] for s in range(world)])
+            _equal(out, expected, "all_to_all_single")
+        cases.run(case, run)
+
+    disagreeing("all_to_all_single/after_large/more_than_sent", world - 1, 0, 3000, 1)
+    disagreeing("all_to_all_single/after_large/fewer_than_sent", 0, world - 1, 3000, -1)
+    agreeing("all_to_all_single/after_large/agree", 3000)
+    disagreeing("all_to_all_single/after_large/in_a_node", world - 2, world - 1, 3000, 1)
+    agreeing("all_to_all_single/after_large/small", 3)
+    agreeing("all_to_all_single/after_large/small_again", 5)

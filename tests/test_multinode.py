@@ -54,9 +54,10 @@ def test_sparse_all_reduce_across_nodes_matches_gloo(rank_nodes):
 
 @pytest.mark.parametrize("rank_nodes", [[0, 0, 1, 1], [0, 1, 1]], ids=["2x2", "1+2"])
 def test_all_to_all_of_changing_sizes_across_nodes(rank_nodes):
-    """The default small size: all_to_alls that ride in the leaders' headers, follow them, or go straight."""
+    """The default small size: all_to_alls that ride in the leaders' headers, follow them, or go straight;
+    after a large one, sizes that disagree either way raise the same error on every rank."""
     result = spawn("tests.multinode:alltoall_sizes", len(rank_nodes), rank_env=_hosts(rank_nodes), timeout=90)
-    assert_job_passes(result, min_cases=8)
+    assert_job_passes(result, min_cases=14)
 
 
 def test_one_node_creates_no_gloo_group():

@@ -30,8 +30,16 @@ class PeerAttachError(ShmcollError):
 
 
 class SizesDisagreeError(ValueError):
-    """Ranks passed sizes that do not fit together (an all_to_all's splits), found by every rank alike before
-    any data moved: every rank raises it, and the group stays usable (not a ShmcollError)."""
+    """Ranks passed sizes that do not fit together (an all_to_all's splits), found by every rank alike: every
+    rank raises it, naming the same pair, and the group stays usable (not a ShmcollError)."""
+
+    def __init__(self, sender: int, receiver: int, sent: int, expected: int):
+        super().__init__(f"all_to_all split sizes disagree: rank {sender} sends {sent} bytes to rank {receiver}, "
+                         f"which expects {expected} bytes from it")
+        self.sender, self.receiver, self.sent, self.expected = sender, receiver, sent, expected
+
+    def __reduce__(self):  # pickles (multiprocessing, the test harness) with its four fields
+        return type(self), (self.sender, self.receiver, self.sent, self.expected)
 
 
 class InterNodeError(ShmcollError):

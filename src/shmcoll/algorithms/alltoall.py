@@ -55,6 +55,5 @@ def _agreed_longest(arena, buf: int) -> int:
     sends, recvs = table[:, :size], table[:, size:].T  # sends[a, b] and recvs[a, b]: bytes from a to b
     if not np.array_equal(sends, recvs):
         a, b = (int(x) for x in np.argwhere(sends != recvs)[0])
-        raise SizesDisagreeError(f"all_to_all split sizes disagree: rank {arena.ranks[a]} sends {int(sends[a, b])} "
-                         f"bytes to rank {arena.ranks[b]}, which expects {int(recvs[a, b])} bytes from it")
+        raise SizesDisagreeError(arena.ranks[a], arena.ranks[b], int(sends[a, b]), int(recvs[a, b]))
     return int(sends.max())

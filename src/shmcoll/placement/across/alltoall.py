@@ -81,8 +81,7 @@ def _through_leaders(shape, sends, recvs, desc: int) -> bool:
                    desc)
     wrong, b, sent_ab, expected_ab, longest, done = reply[:_VERDICT * _INT64].view(np.int64).tolist()
     if wrong:
-        raise SizesDisagreeError(f"all_to_all split sizes disagree: rank {wrong - 1} sends {sent_ab} bytes to rank "
-                                 f"{b}, which expects {expected_ab} bytes from it")
+        raise SizesDisagreeError(wrong - 1, b, sent_ab, expected_ab)
     if not done:
         return longest > 0
     offset = _VERDICT * _INT64
