@@ -115,6 +115,29 @@ def split_combinations(cases):
 
             cases.run(case, uneven)
 
+    # The last rank gives itself one row more than its own output has room for: every rank refuses it,
+    # and no byte lands past that output (the rank's own block is copied only once the sizes agree).
+    rows = 5
+    case = "all_to_all_single/own_block_larger_than_its_place"
+
+    def own_block_too_large():
+        last = rank == world - 1
+        send = [rows] * world
+        if last:
+            send[rank] += 1
+        room = torch.full((rows * world + 4, 2), 7.0)  # the output, then rows that must stay untouched
+        try:
+            dist.all_to_all_single(room[:rows * world], _data(case, rank, torch.float32, 2 * sum(send)).reshape(-1, 2),
+                                   output_split_sizes=[rows] * world, input_split_sizes=send)
+        except ValueError as error:
+            expected = f"rank {world - 1} sends {8 * (rows + 1)} bytes to rank {world - 1}, which expects {8 * rows}"
+            assert expected in str(error), error
+        else:
+            raise AssertionError("an own block larger than its place was accepted")
+        assert torch.equal(room[rows * world:], torch.full((4, 2), 7.0)), "bytes written past the output"
+
+    cases.run(case, own_block_too_large)
+
     # List form: rank 0's tensors all have one size, so it looks "uniform" to itself; the others' do not.
     # Gloo refuses tensors of different sizes in this form (NCCL and MPI take them), so the reference is
     # the inputs themselves.

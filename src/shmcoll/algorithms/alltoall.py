@@ -18,19 +18,21 @@ from shmcoll._copy import copy
 from shmcoll.errors import SizesDisagreeError
 
 
-def alltoall(arena, send, recv, desc: int) -> None:
-    """``send``/``recv``: one (address, nbytes) per local rank; recv[j] is what rank j sends us."""
+def alltoall(arena, send, recv, desc: int, flag: int = 0) -> int:
+    """``send``/``recv``: one (address, nbytes) per local rank; recv[j] is what rank j sends us.
+
+    ``flag`` rides in the size table too; returns the largest any local rank gave (a word the node's
+    ranks exchange for free: the plans across nodes say with it whether a rank's sizes changed)."""
     me, size = arena.local_rank, arena.local_size
-    table_bytes = -(-2 * size * 8 // 64) * 64
+    table_bytes = -(-(2 * size + 1) * 8 // 64) * 64
     part = (arena.chunk_bytes - table_bytes) // size // 64 * 64
-    copy(recv[me][0], send[me][0], send[me][1])
-    start, longest = 0, None
+    start, longest, flags = 0, None, flag
     while longest is None or start < longest:
         step = arena.begin_write()
         buf = step & 1
         slot = arena.slot(buf, me)
         if longest is None:
-            arena.rows(buf, np.int64)[me, :2 * size] = [n for _, n in send] + [n for _, n in recv]
+            arena.rows(buf, np.int64)[me, :2 * size + 1] = [n for _, n in send] + [n for _, n in recv] + [flag]
         for peer in range(size):
             addr, nbytes = send[peer]
             if peer != me and start < nbytes:
@@ -40,11 +42,14 @@ def alltoall(arena, send, recv, desc: int) -> None:
         if longest is None:
             arena.check_same_collective(step, desc)
             longest = _agreed_longest(arena, buf)
+            flags = int(arena.rows(buf, np.int64)[:, 2 * size].max())
+            copy(recv[me][0], send[me][0], send[me][1])  # only now: the sizes are known to agree
         for peer in range(size):
             addr, nbytes = recv[peer]
             if peer != me and start < nbytes:
                 copy(addr + start, arena.slot(buf, peer) + table_bytes + me * part, min(part, nbytes - start))
         start += part
+    return flags
 
 
 def _agreed_longest(arena, buf: int) -> int:

@@ -21,6 +21,15 @@ while the node's own blocks go through the arena. Relaying them through one
 rank per node and rail (one message per pair of nodes) moves the same bytes with
 three more copies of each: on the shaped link it reached 94% of the bound, but
 where the nodes' cores were the limit it took 2.3 times Gloo's time.
+
+A large one whose sizes every rank also gave the one before (a model's layer,
+called again) skips the agreement: its blocks leave at once at the sizes agreed
+before, each behind a word of whether its sender's sizes still hold (a rank
+whose sizes changed sends stand-ins of the old sizes and says so). Every rank
+hears every rank's word, so all know alike whether to start the call again
+through the leaders; the agreement, a network round before the first byte, is
+what a large all_to_all of repeated sizes no longer pays (1 MiB per rank on the
+shaped link: 8.8 against 9.05 ms; BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -36,8 +45,54 @@ _INT64 = 8
 
 def alltoall(shape, sends: list[torch.Tensor], recvs: list[torch.Tensor], desc: int) -> None:
     """``sends[r]``/``recvs[r]``: contiguous uint8 views of the block for/from group rank r."""
+    if shape.alltoall_repeat and _as_before(shape, sends, recvs, desc):
+        return
     if _through_leaders(shape, sends, recvs, desc):
         _direct(shape, sends, recvs, desc)
+
+
+def _as_before(shape, sends, recvs, desc: int) -> bool:
+    """The last all_to_all was large and had its predecessor's sizes on every rank (a model's layer, called
+    again): move the blocks between nodes at once, at the sizes agreed before, each behind a word saying
+    whether its sender's sizes are still those. Returns whether they were, on every rank.
+
+    A rank whose sizes changed sends and receives stand-ins of the old sizes instead (so no message is
+    received at a size its sender did not give), and says so; every rank hears every other one (the
+    node's through the arena, the others' in their words), so all reach the same answer, and where a
+    size changed the call starts again through the leaders, which agree on the new sizes or name the
+    ranks that disagree. Nothing runs before the blocks leave: no round of agreement.
+    """
+    size, me = shape.size, shape.rank
+    before = shape.alltoall_row
+    changed = tuple(t.numel() for t in sends) + tuple(t.numel() for t in recvs) != before
+    remote = [r for r in range(size) if shape.where[r][0] != shape.node]
+    if changed:  # stand-ins, at the sizes the peers expect
+        out = {r: torch.empty(before[r], dtype=torch.uint8) for r in remote}
+        into = {r: torch.empty(before[size + r], dtype=torch.uint8) for r in remote}
+    else:
+        out, into = {r: sends[r] for r in remote}, {r: recvs[r] for r in remote}
+    said = torch.tensor([int(changed)], dtype=torch.int64)
+    heard = {r: torch.empty(1, dtype=torch.int64) for r in remote}
+    pairs = shape.pairs
+    words = pairs.swap({r: said for r in remote}, heard)  # before the blocks on each pair's connection
+    blocks = pairs.swap(out, into)
+    node_changed = changed  # the node's ranks say it in the size table of their own all_to_all
+    if shape.arena is not None:
+        local = shape.local_ranks
+        try:
+            node_changed = _alltoall.alltoall(shape.arena, [(sends[r].data_ptr(), sends[r].numel()) for r in local],
+                                              [(recvs[r].data_ptr(), recvs[r].numel()) for r in local], desc,
+                                              flag=int(changed))
+        except SizesDisagreeError:  # a local rank's sizes changed, and disagree: the leaders will name them
+            node_changed = True
+    elif not changed:
+        recvs[me].copy_(sends[me])
+    pairs.wait(words)
+    pairs.wait(blocks)
+    if node_changed or any(word.item() for word in heard.values()):
+        shape.alltoall_repeat = False
+        return False
+    return True
 
 
 def _direct(shape, sends, recvs, desc: int) -> None:
@@ -79,7 +134,9 @@ def _through_leaders(shape, sends, recvs, desc: int) -> bool:
     reply = np.empty(_VERDICT * _INT64 + cap, dtype=np.uint8)
     stages.scatter(shape, [r.ctypes.data for r in replies] if me == 0 else [], reply.size, 0, reply.ctypes.data,
                    desc)
-    wrong, b, sent_ab, expected_ab, longest, done = reply[:_VERDICT * _INT64].view(np.int64).tolist()
+    wrong, b, sent_ab, expected_ab, longest, done, repeat = reply[:_VERDICT * _INT64].view(np.int64).tolist()
+    shape.alltoall_row = None if wrong else tuple(sent) + tuple(t.numel() for t in recvs)
+    shape.alltoall_repeat = bool(repeat)
     if wrong:
         raise SizesDisagreeError(wrong - 1, b, sent_ab, expected_ab)
     if not done:
@@ -91,7 +148,9 @@ def _through_leaders(shape, sends, recvs, desc: int) -> bool:
     return False
 
 
-_VERDICT = 6  # int64s: bad sender + 1, its receiver, bytes sent, bytes expected, longest block, done (small)
+# int64s: bad sender + 1, its receiver, bytes sent, bytes expected, longest block, done (small), repeat (large,
+# with the last agreed sizes on every rank: the next all_to_all takes them to hold, ``_as_before``)
+_VERDICT = 7
 # What a leader's header says of its node's blocks for the receiving node.
 _NO_DATA, _DATA_FOLLOWS, _DATA_INLINE = 0, 1, 2
 # Blocks of a node whose ranks each send at most ``Shape.alltoall_room`` bytes ride inside the header,
@@ -165,6 +224,8 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
         verdict[:4] = [a + 1, b, int(sends[a, b]), int(expects[b, a])]
     verdict[4] = int(sends.max())
     small = all(f != _NO_DATA for f in flags.values()) and (expects.sum(axis=1) <= cap).all()
+    previous, shape.alltoall_table = shape.alltoall_table, None if len(bad) else sends
+    verdict[6] = int(not len(bad) and not small and previous is not None and np.array_equal(previous, sends))
     # A large one's header carries no blocks, and the next all_to_all is likely as large: its room back to
     # the first size, or every header would carry up to SHMCOLL_SMALL_BYTES of nothing per local rank.
     shape.alltoall_room = max(_FIRST_ROOM, min(cap, _widest(sends, range(size), shape))) if small else _FIRST_ROOM

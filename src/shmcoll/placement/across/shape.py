@@ -30,6 +30,12 @@ class Shape:
         self.one_shot_bytes = min(settings.small_bytes, settings.chunk_bytes)  # of a node stage
         self.segment_bytes = settings.segment_bytes  # of a message, per pipeline segment (``pipeline``)
         self.alltoall_room = None  # on a leader: bytes per rank its all_to_all headers carry (``alltoall``)
+        # all_to_all's sizes as last agreed (``alltoall``): this rank's (send sizes, then receive sizes); on
+        # a leader the group's table; and whether that call was large with its predecessor's sizes on every
+        # rank, so that the next one moves its blocks at once, taking the sizes to be the same again.
+        self.alltoall_row = None
+        self.alltoall_table = None
+        self.alltoall_repeat = False
         # stride[n]: the group ranks of node n are nodes[n][0] + l * stride[n] (None: no such stride), so that
         # a node stage writes local rank l's block of a rank-ordered output with one strided schedule.
         self.stride = [_stride(ranks) for ranks in self.nodes]
