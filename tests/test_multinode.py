@@ -52,7 +52,7 @@ def test_sparse_all_reduce_across_nodes_matches_gloo(rank_nodes):
     assert shm_entries() - before == set()
 
 
-@pytest.mark.parametrize("rank_nodes", [[0, 0, 1, 1], [0, 1, 1]], ids=["2x2", "1+2"])
+@pytest.mark.parametrize("rank_nodes", [[0, 0, 1, 1], [0, 1, 1], [0, 1, 1, 2]], ids=["2x2", "1+2", "1+2+1"])
 def test_all_to_all_of_changing_sizes_across_nodes(rank_nodes):
     """The default small size: all_to_alls that ride in the leaders' headers, follow them, or go straight;
     after a large one, sizes that disagree either way raise the same error on every rank."""
