@@ -281,8 +281,9 @@ class Collectives:
         for output, input in zip(outputs, inputs):
             checks.gathered(input, output, self._size, "reduce_scatter_tensor_coalesced", "input", "output")
             red = self._reductions.plan(_reduce_op(opts), output.dtype, "reduce_scatter_tensor_coalesced")
-            scatters.append((output, input.contiguous(), red,
-                             descriptors.descriptor(descriptors.REDUCE_SCATTER, red.view(output).numel(), red.dtype.code, red.code)))
+            desc = descriptors.descriptor(descriptors.REDUCE_SCATTER, red.view(output).numel(), red.dtype.code,
+                                          red.code)
+            scatters.append((output, input.contiguous(), red, desc))
 
         def reduce_scatter(output, input, red, desc):
             self._placement.reduce_scatter(output, input, red, desc)
@@ -321,7 +322,8 @@ class Collectives:
             for i, (output, tensor) in enumerate(zip(outputs, input_list)):
                 checks.like([output], tensor, f"all_gather_coalesced output_lists[{r}][{i}]")
         gathers = [([outputs[i] for outputs in output_lists], tensor,
-                    descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(tensor))) for i, tensor in enumerate(input_list)]
+                    descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(tensor)))
+                   for i, tensor in enumerate(input_list)]
         return self._launch_each(gathers, self._placement.allgather, output_lists, opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):

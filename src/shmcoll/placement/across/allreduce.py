@@ -70,9 +70,9 @@ def on_rails(shape, flat: torch.Tensor, red: ops.Reduction, desc: int) -> None:
     # (so both ranks get the same bits): one network round, where Gloo's ring takes two for the same
     # bytes (1 MiB: 8.9 against 9.4 ms on the shaped link, 2.4 against 2.9 ms unshaped; BENCHMARKS.md).
     pair = len(link.ranks) == 2
+    other = 1 - link.position
     partials = torch.empty((2 if pair else 1, block), dtype=flat.dtype)  # rows: the nodes' shards, in node order
     shard = partials[link.position if pair else 0]
-    theirs = partials[1 - link.position] if pair else None
 
     def node_reduce_scatter(cut):
         lo, hi = cut
@@ -81,7 +81,7 @@ def on_rails(shape, flat: torch.Tensor, red: ops.Reduction, desc: int) -> None:
     def rail_allreduce(cut):
         lo, hi = cut
         if pair:
-            return link.swap({1 - link.position: shard[lo:hi]}, {1 - link.position: theirs[lo:hi]})
+            return link.swap({other: shard[lo:hi]}, {other: partials[other, lo:hi]})
         return link.allreduce(shard[lo:hi], red.op.gloo)
 
     def node_allgather(cut):

@@ -62,9 +62,9 @@ def _as_before(shape, sends, recvs, desc: int) -> bool:
     size changed the call starts again through the leaders, which agree on the new sizes or name the
     ranks that disagree. Nothing runs before the blocks leave: no round of agreement.
     """
-    size, me = shape.size, shape.rank
+    size = shape.size
     before = shape.alltoall_row
-    changed = tuple(t.numel() for t in sends) + tuple(t.numel() for t in recvs) != before
+    changed = _sizes(sends, recvs) != before
     remote = [r for r in range(size) if shape.where[r][0] != shape.node]
     if changed:  # stand-ins, at the sizes the peers expect
         out = {r: torch.empty(before[r], dtype=torch.uint8) for r in remote}
@@ -76,38 +76,41 @@ def _as_before(shape, sends, recvs, desc: int) -> bool:
     pairs = shape.pairs
     words = pairs.swap({r: said for r in remote}, heard)  # before the blocks on each pair's connection
     blocks = pairs.swap(out, into)
-    node_changed = changed  # the node's ranks say it in the size table of their own all_to_all
-    if shape.arena is not None:
-        local = shape.local_ranks
-        try:
-            node_changed = _alltoall.alltoall(shape.arena, [(sends[r].data_ptr(), sends[r].numel()) for r in local],
-                                              [(recvs[r].data_ptr(), recvs[r].numel()) for r in local], desc,
-                                              flag=int(changed))
-        except SizesDisagreeError:  # a local rank's sizes changed, and disagree: the leaders will name them
-            node_changed = True
-    elif not changed:
-        recvs[me].copy_(sends[me])
+    try:
+        node_changed = _node_blocks(shape, sends, recvs, desc, changed=int(changed))
+    except SizesDisagreeError:  # a local rank's sizes changed, and disagree: the leaders will name them
+        node_changed = True
     pairs.wait(words)
     pairs.wait(blocks)
-    if node_changed or any(word.item() for word in heard.values()):
-        shape.alltoall_repeat = False
-        return False
-    return True
+    return not node_changed and not any(word.item() for word in heard.values())
 
 
 def _direct(shape, sends, recvs, desc: int) -> None:
     """A large one, its sizes agreed: every block between nodes on its pair's own connection, all posted at
     once, while the node's own blocks go through the arena."""
-    local = shape.local_ranks
     remote = [r for r in range(shape.size) if shape.where[r][0] != shape.node]
     pairs = shape.pairs
     pending = pairs.swap({r: sends[r] for r in remote}, {r: recvs[r] for r in remote})
-    if shape.arena is None:
-        recvs[shape.rank].copy_(sends[shape.rank])
-    else:
-        _alltoall.alltoall(shape.arena, [(sends[r].data_ptr(), sends[r].numel()) for r in local],
-                           [(recvs[r].data_ptr(), recvs[r].numel()) for r in local], desc)
+    _node_blocks(shape, sends, recvs, desc)
     pairs.wait(pending)
+
+
+def _node_blocks(shape, sends, recvs, desc: int, changed: int = 0) -> int:
+    """The node's own blocks, through the arena (a node of one rank: its block to itself, unless its sizes
+    ``changed``). ``changed`` rides in the arena all_to_all's size table; returns the largest any local
+    rank gave."""
+    if shape.arena is None:
+        if not changed:
+            recvs[shape.rank].copy_(sends[shape.rank])
+        return changed
+    local = shape.local_ranks
+    return _alltoall.alltoall(shape.arena, [(sends[r].data_ptr(), sends[r].numel()) for r in local],
+                              [(recvs[r].data_ptr(), recvs[r].numel()) for r in local], desc, flag=changed)
+
+
+def _sizes(sends, recvs) -> tuple[int, ...]:
+    """A rank's row of the group's size table: what it sends to each rank, then what it expects from each."""
+    return tuple(t.numel() for t in sends) + tuple(t.numel() for t in recvs)
 
 
 def _through_leaders(shape, sends, recvs, desc: int) -> bool:
@@ -121,11 +124,12 @@ def _through_leaders(shape, sends, recvs, desc: int) -> bool:
     """
     size, L, me, cap = shape.size, shape.local_size, shape.local_rank, shape.small_bytes
     head = 2 * size * _INT64
-    sent = [t.numel() for t in sends]
+    sizes = _sizes(sends, recvs)
+    sent = sum(sizes[:size])
     row = np.zeros(head + cap, dtype=np.uint8)
-    row[:head].view(np.int64)[:] = sent + [t.numel() for t in recvs]
-    if sum(sent) <= cap:
-        np.concatenate([t.numpy() for t in sends], out=row[head:head + sum(sent)])
+    row[:head].view(np.int64)[:] = sizes
+    if sent <= cap:
+        np.concatenate([t.numpy() for t in sends], out=row[head:head + sent])
     rows = np.empty((L, row.size), dtype=np.uint8) if me == 0 else None
     stages.gather(shape, row.ctypes.data, row.size, 0, [r.ctypes.data for r in rows] if me == 0 else [], desc)
     replies = np.zeros((L, _VERDICT * _INT64 + cap), dtype=np.uint8) if me == 0 else None
@@ -135,7 +139,7 @@ def _through_leaders(shape, sends, recvs, desc: int) -> bool:
     stages.scatter(shape, [r.ctypes.data for r in replies] if me == 0 else [], reply.size, 0, reply.ctypes.data,
                    desc)
     wrong, b, sent_ab, expected_ab, longest, done, repeat = reply[:_VERDICT * _INT64].view(np.int64).tolist()
-    shape.alltoall_row = None if wrong else tuple(sent) + tuple(t.numel() for t in recvs)
+    shape.alltoall_row = None if wrong else sizes
     shape.alltoall_repeat = bool(repeat)
     if wrong:
         raise SizesDisagreeError(wrong - 1, b, sent_ab, expected_ab)
