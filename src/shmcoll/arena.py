@@ -12,6 +12,9 @@ Terms:
            reached s - 1.
   chunk    the part of a large message handled in one step or step pair; at
            most ``chunk_bytes`` per rank, small enough to stay in cache.
+  table    a row of int64 words per local rank in each buffer, beside the slots:
+           sizes a collective agrees on in its first step (all_to_all's
+           per-pair sizes), so they take no room from the data.
   scratch  ``chunk_bytes`` per rank that only its owner touches, for results
            computed within one step (a slot of the other buffer is not
            private: the next collective's root may write every slot of it).
@@ -58,6 +61,7 @@ class Layout(NamedTuple):
     lines: int  # one control line per local rank
     channel_lines: int  # two control lines per (source, destination) channel
     lane_lines: int  # MAX_LANES sets of one control line per local rank (shmcoll.lanes)
+    tables: int  # two buffers of local_size tables of table_bytes(local_size)
     data: int  # two buffers of local_size slots of chunk_bytes
     scratch: int  # local_size private areas of chunk_bytes
     channels: int  # local_size**2 channels of p2p_bytes
@@ -70,14 +74,25 @@ MAX_LANES = 16
 LANE_MIN_CHUNK = 1024
 
 
+def table_words(local_size: int) -> int:
+    """int64 words of a rank's table: what it sends to and expects from each local rank, and a flag."""
+    return 2 * local_size + 1
+
+
+def table_bytes(local_size: int) -> int:
+    """Bytes of a rank's table, rounded up to whole cache lines (no two ranks write one line)."""
+    return -(-table_words(local_size) * 8 // 64) * 64
+
+
 def layout(local_size: int, chunk_bytes: int, p2p_bytes: int) -> Layout:
     """Where everything lives in a segment for ``local_size`` ranks."""
     channel_lines = HEADER_BYTES + local_size * LINE_BYTES
     lane_lines = channel_lines + local_size * local_size * 2 * LINE_BYTES
-    data = _page_up(lane_lines + MAX_LANES * local_size * LINE_BYTES)
+    tables = lane_lines + MAX_LANES * local_size * LINE_BYTES
+    data = _page_up(tables + 2 * local_size * table_bytes(local_size))
     scratch = data + 2 * local_size * chunk_bytes
     channels = scratch + local_size * chunk_bytes
-    return Layout(HEADER_BYTES, channel_lines, lane_lines, data, scratch, channels,
+    return Layout(HEADER_BYTES, channel_lines, lane_lines, tables, data, scratch, channels,
                   channels + local_size * local_size * p2p_bytes)
 
 
@@ -189,6 +204,7 @@ class Arena(Steps):
         self.channel_lines = base + regions.channel_lines
         self.channel_data = base + regions.channels
         self._lane_lines = base + regions.lane_lines
+        self._tables = regions.tables
         self.data = base + regions.data
         self.scratch = base + regions.scratch + local_rank * chunk_bytes  # ours alone
         self.slot_stride = chunk_bytes
@@ -231,6 +247,18 @@ class Arena(Steps):
             start = self.data - self.segment.address + buffer * self.buffer_bytes
             view = self._raw[start:start + self.buffer_bytes].view(dtype).reshape(self.local_size, -1)
             self._views[(buffer, dtype)] = view
+        return view
+
+    def tables(self, buffer: int) -> np.ndarray:
+        """``buffer``'s tables as a (local_size, table_words) int64 array; row r is rank r's, written by it
+        alone before it posts a step of that buffer, as its slot is."""
+        view = self._views.get((buffer, "tables"))
+        if view is None:
+            size = self.local_size
+            row = table_bytes(size)
+            start = self._tables + buffer * size * row
+            view = self._raw[start:start + size * row].view(np.int64).reshape(size, -1)[:, :table_words(size)]
+            self._views[(buffer, "tables")] = view
         return view
 
     def set_waits(self, spin_ns: int, yield_ns: int) -> None:

@@ -3,14 +3,15 @@
 Every rank's sizes are its own arguments (split sizes, tensor sizes), and ranks
 may describe the same layout differently (one passes split sizes, another
 none), so no rank can pick a plan from its arguments alone. The first step
-therefore carries a *size table* at the head of each slot: what the rank sends
-to and expects from every rank. Every rank reads every table after that step,
-so all agree on the number of steps and all detect the same inconsistency,
-without a step of its own: the first pieces of data travel with the tables.
+therefore carries a *size table* in the arena's table beside each slot: what
+the rank sends to and expects from every rank. Every rank reads every table
+after that step, so all agree on the number of steps and all detect the same
+inconsistency, without a step of its own: the first pieces of data travel
+with the tables.
 
-The rest of each slot is cut into L *parts* of equal width; per step, rank r
-puts the next piece of its block for rank j in part j of its slot, and rank j
-reads part j of every slot.
+Each slot is cut into L *parts* of equal width; per step, rank r puts the next
+piece of its block for rank j in part j of its slot, and rank j reads part j of
+every slot. A block of exactly a part's width takes one step.
 """
 import numpy as np
 
@@ -24,30 +25,29 @@ def alltoall(arena, send, recv, desc: int, flag: int = 0) -> int:
     ``flag`` rides in the size table too; returns the largest any local rank gave (a word the node's
     ranks exchange for free: the plans across nodes say with it whether a rank's sizes changed)."""
     me, size = arena.local_rank, arena.local_size
-    table_bytes = -(-(2 * size + 1) * 8 // 64) * 64
-    part = (arena.chunk_bytes - table_bytes) // size // 64 * 64
+    part = arena.chunk_bytes // size // 64 * 64
     start, longest, flags = 0, None, flag
     while longest is None or start < longest:
         step = arena.begin_write()
         buf = step & 1
         slot = arena.slot(buf, me)
         if longest is None:
-            arena.rows(buf, np.int64)[me, :2 * size + 1] = [n for _, n in send] + [n for _, n in recv] + [flag]
+            arena.tables(buf)[me] = [n for _, n in send] + [n for _, n in recv] + [flag]
         for peer in range(size):
             addr, nbytes = send[peer]
             if peer != me and start < nbytes:
-                copy(slot + table_bytes + peer * part, addr + start, min(part, nbytes - start))
+                copy(slot + peer * part, addr + start, min(part, nbytes - start))
         arena.post(step, desc)
         arena.wait_all(step)
         if longest is None:
             arena.check_same_collective(step, desc)
             longest = _agreed_longest(arena, buf)
-            flags = int(arena.rows(buf, np.int64)[:, 2 * size].max())
+            flags = int(arena.tables(buf)[:, 2 * size].max())
             copy(recv[me][0], send[me][0], send[me][1])  # only now: the sizes are known to agree
         for peer in range(size):
             addr, nbytes = recv[peer]
             if peer != me and start < nbytes:
-                copy(addr + start, arena.slot(buf, peer) + table_bytes + me * part, min(part, nbytes - start))
+                copy(addr + start, arena.slot(buf, peer) + me * part, min(part, nbytes - start))
         start += part
     return flags
 
@@ -56,7 +56,7 @@ def _agreed_longest(arena, buf: int) -> int:
     """The longest block any rank sends, from the size tables every rank posted (the same on every rank);
     raises, on every rank alike, if a rank expects other sizes than its peers send it."""
     size = arena.local_size
-    table = arena.rows(buf, np.int64)[:, :2 * size]
+    table = arena.tables(buf)[:, :2 * size]
     sends, recvs = table[:, :size], table[:, size:].T  # sends[a, b] and recvs[a, b]: bytes from a to b
     if not np.array_equal(sends, recvs):
         a, b = (int(x) for x in np.argwhere(sends != recvs)[0])
