@@ -391,13 +391,10 @@ def alltoall_sizes(cases):
     learn their room from the last call: blocks that outgrow it follow the header, later ones ride in it),
     uneven per sender, against the inputs themselves."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    for step, rows in enumerate((1, 500, 500, 7000, 3, 5000, 5000, 20000)):
-        case = f"all_to_all_single/step={step}/rows={rows}"
 
+    def moving(case: str, count):
+        """``count(src, dst)``: the elements rank src sends rank dst."""
         def run():
-            def count(src, dst):  # rows from src to dst: some zero, some uneven
-                return (src * 3 + dst) % 4 * rows // 2
-
             send = [count(rank, d) for d in range(world)]
             recv = [count(s, rank) for s in range(world)]
             data = _data(case, rank, torch.float32, sum(send))
@@ -409,8 +406,11 @@ def alltoall_sizes(cases):
                 start = sum(count(s, d) for d in range(rank))
                 pieces.append(theirs[start:start + count(s, rank)])
             _equal(out, torch.cat(pieces), "all_to_all_single")
-
         cases.run(case, run)
+
+    for step, rows in enumerate((1, 500, 500, 7000, 3, 5000, 5000, 20000)):
+        moving(f"all_to_all_single/step={step}/rows={rows}",
+               lambda src, dst, rows=rows: (src * 3 + dst) % 4 * rows // 2)  # some zero, some uneven
 
     # Sizes that disagree after a large all_to_all (the leaders' header back at its first room), a
     # receiver expecting more or fewer bytes than its sender gives (Gloo would end the process on the
@@ -450,7 +450,7 @@ def alltoall_sizes(cases):
     agreeing("all_to_all_single/after_large/small_again", 5)
 
     # Large ones of the same sizes, as a model repeats them: from the third, the blocks leave at once at
-    # the sizes agreed before (each behind a word saying whether its sender's sizes still hold). Then
+    # the sizes agreed before (a rank whose sizes changed sends them a few bytes short). Then
     # sizes that change on every rank alike, and sizes that change on one rank only: the call starts
     # again through the leaders, which move the new sizes or name the ranks that disagree.
     for repeat in range(4):
@@ -461,3 +461,13 @@ def alltoall_sizes(cases):
     disagreeing("all_to_all_single/repeated_again/changed_on_one_rank", world - 1, 0, 2600, 1)
     for repeat in range(3):
         agreeing(f"all_to_all_single/repeated_after_error/{repeat}", 2600)
+
+    # Repeated sizes with blocks of 0 and 4 bytes among large ones (shorter than the tail a changed rank
+    # leaves out: they travel padded), then only the 4-byte blocks grow, on every rank alike.
+    def uneven(tiny: int):
+        return lambda src, dst: (0, tiny, 20000, 15001)[(src * 3 + dst) % 4]
+
+    for repeat in range(4):
+        moving(f"all_to_all_single/repeated_uneven/{repeat}", uneven(1))
+    moving("all_to_all_single/repeated_uneven/tiny_blocks_grew", uneven(2))
+    moving("all_to_all_single/repeated_uneven/again", uneven(2))

@@ -24,14 +24,17 @@ where the nodes' cores were the limit it took 2.3 times Gloo's time.
 
 A large one whose sizes every rank also gave the one before (a model's layer,
 called again) skips the agreement: its blocks leave at once at the sizes agreed
-before, each behind a word of whether its sender's sizes still hold (a rank
-whose sizes changed sends stand-ins of the old sizes and says so). Every rank
-hears every rank's word, so all know alike whether to start the call again
-through the leaders; the agreement, a network round before the first byte, is
-what a large all_to_all of repeated sizes no longer pays (1 MiB per rank on the
-shaped link: 8.8 against 9.05 ms; BENCHMARKS.md).
+before; a rank whose sizes changed sends stand-ins a few bytes short instead,
+which its receivers see by a random tail they put at the end of each buffer
+(a full block overwrites it). Every rank hears every rank, so all know alike
+whether to start the call again through the leaders; the agreement, a network
+round before the first byte, is what a large all_to_all of repeated sizes no
+longer pays (1 MiB per rank on the shaped link: 8.8 against 9.05 ms;
+BENCHMARKS.md).
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import torch
@@ -41,6 +44,7 @@ from shmcoll.errors import SizesDisagreeError
 from shmcoll.placement.across import stages
 
 _INT64 = 8
+TAIL = 8  # bytes: what a rank whose sizes changed leaves out of each block it sends (``_as_before``)
 
 
 def alltoall(shape, sends: list[torch.Tensor], recvs: list[torch.Tensor], desc: int) -> None:
@@ -53,12 +57,15 @@ def alltoall(shape, sends: list[torch.Tensor], recvs: list[torch.Tensor], desc: 
 
 def _as_before(shape, sends, recvs, desc: int) -> bool:
     """The last all_to_all was large and had its predecessor's sizes on every rank (a model's layer, called
-    again): move the blocks between nodes at once, at the sizes agreed before, each behind a word saying
-    whether its sender's sizes are still those. Returns whether they were, on every rank.
+    again): move the blocks between nodes at once, at the sizes agreed before. Returns whether every rank
+    still has those sizes (the same answer on every rank).
 
-    A rank whose sizes changed sends and receives stand-ins of the old sizes instead (so no message is
-    received at a size its sender did not give), and says so; every rank hears every other one (the
-    node's through the arena, the others' in their words), so all reach the same answer, and where a
+    A rank whose sizes changed says so by what it sends: stand-ins ``TAIL`` bytes shorter than the sizes
+    its peers expect (Gloo takes a message shorter than the buffer posted for it, never a longer one).
+    Every receiver first writes a random tail into the last ``TAIL`` bytes of each buffer it posts: a
+    full message overwrites it, a short one leaves it. So every rank hears every other node's ranks in
+    their blocks, and its own node's in the size table of the node's all_to_all, without a message of
+    its own (one more message per pair cost 0.3-0.4 ms a call where the cores were the limit). Where a
     size changed the call starts again through the leaders, which agree on the new sizes or name the
     ranks that disagree. Nothing runs before the blocks leave: no round of agreement.
     """
@@ -66,23 +73,32 @@ def _as_before(shape, sends, recvs, desc: int) -> bool:
     before = shape.alltoall_row
     changed = _sizes(sends, recvs) != before
     remote = [r for r in range(size) if shape.where[r][0] != shape.node]
-    if changed:  # stand-ins, at the sizes the peers expect
-        out = {r: torch.empty(before[r], dtype=torch.uint8) for r in remote}
-        into = {r: torch.empty(before[size + r], dtype=torch.uint8) for r in remote}
-    else:
-        out, into = {r: sends[r] for r in remote}, {r: recvs[r] for r in remote}
-    said = torch.tensor([int(changed)], dtype=torch.int64)
-    heard = {r: torch.empty(1, dtype=torch.int64) for r in remote}
-    pairs = shape.pairs
-    words = pairs.swap({r: said for r in remote}, heard)  # before the blocks on each pair's connection
-    blocks = pairs.swap(out, into)
+    tail = torch.frombuffer(bytearray(os.urandom(TAIL)), dtype=torch.uint8)
+    out, into = {}, {}
+    for r in remote:
+        sent, expected = max(before[r], TAIL), max(before[size + r], TAIL)
+        if changed:
+            out[r] = torch.empty(sent - TAIL, dtype=torch.uint8)
+        elif sent == before[r]:
+            out[r] = sends[r]
+        else:  # a block shorter than the tail travels padded to it
+            out[r] = torch.zeros(TAIL, dtype=torch.uint8)
+            out[r][:before[r]] = sends[r]
+        into[r] = recvs[r] if expected == before[size + r] and not changed else torch.empty(expected,
+                                                                                           dtype=torch.uint8)
+        into[r][-TAIL:] = tail
+    blocks = shape.pairs.swap(out, into)
     try:
         node_changed = _node_blocks(shape, sends, recvs, desc, changed=int(changed))
     except SizesDisagreeError:  # a local rank's sizes changed, and disagree: the leaders will name them
         node_changed = True
-    pairs.wait(words)
-    pairs.wait(blocks)
-    return not node_changed and not any(word.item() for word in heard.values())
+    shape.pairs.wait(blocks)
+    if changed or node_changed or any(torch.equal(into[r][-TAIL:], tail) for r in remote):
+        return False
+    for r in remote:
+        if into[r] is not recvs[r]:
+            recvs[r].copy_(into[r][:recvs[r].numel()])
+    return True
 
 
 def _direct(shape, sends, recvs, desc: int) -> None:
