@@ -6,7 +6,8 @@ whole output broadcast in the node; only the leaders touch the network.
 
 A larger one, per segment of the blocks: rail l all-gathers local rank l's block between the
 nodes (so a node sends its L blocks once, 1/N of the output per other node,
-the least it can), while the node all-gathers its own ranks' blocks in shared
+the least it can; up to EXCHANGE_NODES nodes as direct messages into their
+places, one round), while the node all-gathers its own ranks' blocks in shared
 memory; once the rail's segment is in, the node all-gathers what each rank
 received, node by node. Every block lands at its rank's place in the output,
 with a strided schedule where a node's ranks are evenly spaced (contiguous or
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from shmcoll.placement.across import pipeline, stages
+from shmcoll.placement.across.network import EXCHANGE_NODES
 from shmcoll.staging import staged_empty, unstage
 
 
@@ -40,7 +42,10 @@ def allgather(shape, outs: list[torch.Tensor], input: torch.Tensor, desc: int) -
     link, me = shape.rail, shape.local_rank
     addresses = [t.data_ptr() for t in outs]
     nodes = range(len(shape.nodes))
-    own = torch.empty(min(nbytes, shape.segment_bytes), dtype=torch.uint8)  # Gloo's copy of our own block
+    # Up to EXCHANGE_NODES nodes each member sends its segment to every other one (the bytes of Gloo's ring,
+    # in one round); beyond, Gloo's all_gather, which wants room for its copy of our own segment.
+    direct = len(link.ranks) <= EXCHANGE_NODES
+    own = None if direct else torch.empty(min(nbytes, shape.segment_bytes), dtype=torch.uint8)
 
     def node_stage(node: int, addr: int, lo: int, n: int) -> None:
         """Every local rank l's ``n`` bytes at ``addr`` to byte ``lo`` of rank (``node``, l)'s block."""
@@ -57,6 +62,9 @@ def allgather(shape, outs: list[torch.Tensor], input: torch.Tensor, desc: int) -
 
     def rail(cut):
         lo, hi = cut
+        if direct:  # each member's segment straight into its place, no copy of our own
+            theirs = {m: outs[r][lo:hi] for m, r in enumerate(link.ranks) if m != link.position}
+            return link.swap({m: source[lo:hi] for m in theirs}, theirs)
         blocks = [own[:hi - lo] if n == shape.node else outs[shape.rank_of(n, me)][lo:hi] for n in nodes]
         return link.allgather(blocks, source[lo:hi])
 

@@ -67,7 +67,9 @@ def _as_before(shape, sends, recvs, desc: int) -> bool:
     their blocks, and its own node's in the size table of the node's all_to_all, without a message of
     its own (one more message per pair cost 0.3-0.4 ms a call where the cores were the limit). Where a
     size changed the call starts again through the leaders, which agree on the new sizes or name the
-    ranks that disagree. Nothing runs before the blocks leave: no round of agreement.
+    ranks that disagree. Nothing runs before the blocks leave: no round of agreement. (A short message
+    never reaches the tail, so a change is never missed; a block that ends in the very 8 random bytes,
+    one chance in 2**64, would start its receiver alone again: a mismatch error, not a wrong result.)
     """
     size = shape.size
     before = shape.alltoall_row
