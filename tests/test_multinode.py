@@ -151,7 +151,7 @@ def test_arena_that_cannot_be_created_fails_on_every_rank_of_every_node():
     # rank 2's arena wait sees 3 dead and closes its rail; rank 0 then loses rail 0, rank 1 rail 1.
     (3, "all_reduce", {0: "on rail 0 (ranks 0, 2) failed", 1: "on rail 1 (ranks 1, 3) failed", 2: "rank(s) 3 died"}),
     # rank 0's exchange with the other leader fails; rank 1, waiting in the node barrier for rank 0 (alive), is told at once.
-    (2, "barrier", {0: "on rail 0 (ranks 0, 2) failed", 1: "rank 0 gave up",
+    (2, "barrier", {0: "on the leaders' link (ranks 0, 2) failed", 1: "rank 0 gave up",
                     3: "rank(s) 2 died"}),
 ], ids=["all_reduce-rank3-dies", "barrier-rank2-dies"])
 def test_peer_dying_mid_collective_makes_the_group_unusable(victim, op, first_errors):

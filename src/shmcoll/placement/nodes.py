@@ -88,8 +88,9 @@ class Nodes(OnArena):
 
     @property
     def tcp_bytes(self) -> int:
-        """Bytes this rank's plans handed to its rail for other nodes (benchmarks, the netns test)."""
-        return self.shape.rail.sent if self.shape.rail is not None else 0
+        """Bytes this rank's plans handed to its rail and the leaders' link for other nodes (benchmarks, the netns
+        test)."""
+        return sum(link.sent for link in (self.shape.rail, self.shape.leaders) if link is not None)
 
     # -- plans -----------------------------------------------------------------------
 
@@ -190,16 +191,18 @@ class Nodes(OnArena):
         # Stop the Gloo groups' worker threads now, while the interpreter is whole: left to be
         # destroyed at interpreter exit, a Gloo group can abort the process ("terminate called
         # without an active exception").
-        if self.shape.rail is not None:
-            self.shape.rail.close()
+        for link in (self.shape.rail, self.shape.leaders):
+            if link is not None:
+                link.close()
         self.flat.close()
         self.shape.pairs.drop()
 
     def _give_up(self) -> None:
         if self.arena is not None:
             self.arena.abandon()
-        if self.shape.rail is not None:
-            self.shape.rail.drop()  # the last reference: Gloo closes its connections now
+        for link in (self.shape.rail, self.shape.leaders):
+            if link is not None:
+                link.drop()  # the last reference: Gloo closes its connections now
         self.flat.drop()
         self.shape.pairs.drop()
 

@@ -87,7 +87,7 @@ def _by_leaders(shape, outs: list[torch.Tensor], source: torch.Tensor, desc: int
     if shape.local_rank == 0:
         others = [m for m in range(len(shape.nodes)) if m != shape.node]
         inbound = {m: torch.empty((len(shape.nodes[m]), nbytes), dtype=torch.uint8) for m in others}
-        shape.rail.exchange(whole[ours], inbound)
+        shape.leaders.exchange(whole[ours], inbound)
         for m in others:
             whole[shape.nodes[m]] = inbound[m]
     stages.broadcast(shape, whole.data_ptr(), whole.numel(), 0, desc)

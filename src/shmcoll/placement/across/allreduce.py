@@ -46,7 +46,7 @@ def between_leaders(shape, work: torch.Tensor, red: ops.Reduction) -> None:
     """``work``: this node's partial on its leader -> the group's result (before AVG's division). The
     leaders exchange their partials directly between two nodes, and for small messages up to
     EXCHANGE_NODES; else Gloo's all_reduce (which sends each byte fewer times as nodes grow)."""
-    link = shape.rail  # local rank 0's rail: every node's leader
+    link = shape.leaders if work.nbytes <= shape.small_bytes else shape.rail  # both: every node's leader
     nodes = len(link.ranks)
     if nodes == 2 or (nodes <= EXCHANGE_NODES and work.nbytes <= shape.small_bytes):
         parts = torch.empty((nodes, work.numel()), dtype=work.dtype)

@@ -208,7 +208,7 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
                                for l in range(len(local)) for d in shape.nodes[m]])
 
     outbound = {m: ours_for(m) for m in others} if flag != _NO_DATA else {}
-    link = shape.rail
+    link = shape.leaders
     headers = {m: np.zeros(_header_bytes(len(shape.nodes[m]), size, room), dtype=np.uint8) for m in others}
     mine = {}
     for m in others:

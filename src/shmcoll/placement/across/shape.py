@@ -12,7 +12,7 @@ class Shape:
     Terms: *node* (the group ranks that share a host identity, nodes ordered by their lowest rank,
     a node's ranks by rank; N nodes), *local rank* (a rank's position in its node), *rail* (local
     rank i of every node that has one: a Gloo group; all rails run at once), *leaders* (the nodes'
-    local rank 0: rail 0, which every node is on).
+    local rank 0, which every node has: rail 0, and a Gloo group of their own for small messages).
     """
 
     def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str, settings):
@@ -49,11 +49,21 @@ class Shape:
                           list(range(size)), rank, tag=PLAN_TAG)
         members = self.rail_nodes[self.local_rank]
         self.rail = None  # this rank's Link to its rail, if another node is on it
+        self.leaders = None  # on a leader: its Link to the other leaders, for the plans' small messages
         if len(members) > 1:
-            group = dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/rail/{self.local_rank}", store),
-                                          members.index(self.node), len(members), timeout)
-            self.rail = Link(rank, self.node, group, f"rail {self.local_rank}",
-                             [self.nodes[n][self.local_rank] for n in members], members.index(self.node))
+            def link(name: str, key: str) -> Link:
+                group = dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/{key}", store), members.index(self.node),
+                                              len(members), timeout)
+                return Link(rank, self.node, group, name, [self.nodes[n][self.local_rank] for n in members],
+                            members.index(self.node))
+
+            self.rail = link(f"rail {self.local_rank}", f"rail/{self.local_rank}")
+            # The leaders' small messages (headers, partials, the small collectives' data) on connections
+            # of their own, never the bulk's: TCP paces a connection at the rate its bulk reached (BBR), and
+            # where the cores were the limit that held a 64 KiB all_to_all to 1.4-1.6 ms after large
+            # collectives, against 0.8 ms on a connection of its own (BENCHMARKS.md).
+            if self.local_rank == 0:
+                self.leaders = link("the leaders' link", "leaders")
 
     def rank_of(self, node: int, local_rank: int) -> int:
         return self.nodes[node][local_rank]
