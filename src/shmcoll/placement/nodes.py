@@ -90,7 +90,7 @@ class Nodes(OnArena):
     def tcp_bytes(self) -> int:
         """Bytes this rank's plans handed to its rail and the leaders' link for other nodes (benchmarks, the netns
         test)."""
-        return sum(link.sent for link in (self.shape.rail, self.shape.leaders) if link is not None)
+        return sum(link.sent for link in self.shape.links)
 
     # -- plans -----------------------------------------------------------------------
 
@@ -191,18 +191,16 @@ class Nodes(OnArena):
         # Stop the Gloo groups' worker threads now, while the interpreter is whole: left to be
         # destroyed at interpreter exit, a Gloo group can abort the process ("terminate called
         # without an active exception").
-        for link in (self.shape.rail, self.shape.leaders):
-            if link is not None:
-                link.close()
+        for link in self.shape.links:
+            link.close()
         self.flat.close()
         self.shape.pairs.drop()
 
     def _give_up(self) -> None:
         if self.arena is not None:
             self.arena.abandon()
-        for link in (self.shape.rail, self.shape.leaders):
-            if link is not None:
-                link.drop()  # the last reference: Gloo closes its connections now
+        for link in self.shape.links:
+            link.drop()  # the last reference: Gloo closes its connections now
         self.flat.drop()
         self.shape.pairs.drop()
 

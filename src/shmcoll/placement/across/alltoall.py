@@ -74,7 +74,7 @@ def _as_before(shape, sends, recvs, desc: int) -> bool:
     size = shape.size
     before = shape.alltoall_row
     changed = _sizes(sends, recvs) != before
-    remote = [r for r in range(size) if shape.where[r][0] != shape.node]
+    remote = shape.remote
     tail = torch.frombuffer(bytearray(os.urandom(TAIL)), dtype=torch.uint8)
     out, into = {}, {}
     for r in remote:
@@ -106,7 +106,7 @@ def _as_before(shape, sends, recvs, desc: int) -> bool:
 def _direct(shape, sends, recvs, desc: int) -> None:
     """A large one, its sizes agreed: every block between nodes on its pair's own connection, all posted at
     once, while the node's own blocks go through the arena."""
-    remote = [r for r in range(shape.size) if shape.where[r][0] != shape.node]
+    remote = shape.remote
     pairs = shape.pairs
     pending = pairs.swap({r: sends[r] for r in remote}, {r: recvs[r] for r in remote})
     _node_blocks(shape, sends, recvs, desc)

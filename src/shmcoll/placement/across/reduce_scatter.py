@@ -78,7 +78,7 @@ def _by_leaders(shape, out: torch.Tensor, source: torch.Tensor, red: ops.Reducti
         parts[shape.node].copy_(blocks[shape.local_ranks].view(-1))
         others = [m for m in range(N) if m != shape.node]
         shape.leaders.wait(shape.leaders.swap({m: blocks[shape.nodes[m]].reshape(-1) for m in others},
-                                        {m: parts[m] for m in others}))
+                                              {m: parts[m] for m in others}))
         stages.combine(red, ours, parts)
     result = out if out.is_contiguous() else torch.empty(M, dtype=out.dtype)
     itemsize = work.element_size()

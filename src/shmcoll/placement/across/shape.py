@@ -40,6 +40,7 @@ class Shape:
         # a node stage writes local rank l's block of a rank-ordered output with one strided schedule.
         self.stride = [_stride(ranks) for ranks in self.nodes]
         self.where = {r: (n, l) for n, ranks in enumerate(self.nodes) for l, r in enumerate(ranks)}
+        self.remote = [r for r in range(size) if self.where[r][0] != self.node]  # the ranks on other nodes
         # rail_nodes[i]: the nodes on rail i, in node order (a node's position on the rail is its index there).
         self.rail_nodes = [[n for n, ranks in enumerate(self.nodes) if len(ranks) > i]
                            for i in range(max(len(ranks) for ranks in self.nodes))]
@@ -64,6 +65,7 @@ class Shape:
             # collectives, against 0.8 ms on a connection of its own (BENCHMARKS.md).
             if self.local_rank == 0:
                 self.leaders = link("the leaders' link", "leaders")
+        self.links = [x for x in (self.rail, self.leaders) if x is not None]  # ours, besides ``pairs``
 
     def rank_of(self, node: int, local_rank: int) -> int:
         return self.nodes[node][local_rank]
