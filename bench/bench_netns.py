@@ -16,7 +16,7 @@ each (op, size) both backends first run the op on the same random float32 inputs
 result must be Gloo's (bitwise for data movement, allclose for reductions), else the run stops.
 Timing uses zero-filled buffers, so in-place sums stay finite over any number of calls. The
 calls per round, k, are calibrated once per (op, size, backend) to ~0.3 s (at least 1). Rounds
-alternate shm, gloo, shm, ... (--rounds each); a round is a warm-up call, a control barrier and
+alternate shm, gloo, gloo, shm, shm, gloo, ... (--rounds each: each backend first in every other pair); a round is a warm-up call, a control barrier and
 k calls under perf_counter; its time is the slowest rank's mean per call, and a point's time the
 median of its rounds. send_recv: local rank i of node 0 sends to local rank i of node 1, which
 sends back; a "call" is one message (half a round trip). Rank 0 reads its veth end's byte
@@ -235,8 +235,10 @@ def worker(args) -> None:
         per_message = 2 if op == "send_recv" else 1  # a loop's send_recv is a round trip: two messages
         calls = {name: calibrate(cases[name].run, groups[name]) for name in timed}
         rounds = {name: [] for name in timed}
-        for _ in range(args.rounds):
-            for name in timed:
+        for turn in range(args.rounds):
+            # Each backend goes first in every other round: neither always runs on the connections, caches
+            # and scheduler state the other just left.
+            for name in (timed if turn % 2 == 0 else timed[::-1]):
                 run, group = cases[name].run, groups[name]
                 run(group)
                 dist.barrier(group=control)
