@@ -38,10 +38,12 @@ cdef enum:
     _DONE = -1
     _MISMATCH = -2
     _FAILED = -3
+    _SIZES = -4
 
 DONE = _DONE
 MISMATCH = _MISMATCH
 FAILED = _FAILED
+SIZES = _SIZES  # all_to_all: the size tables disagree (every rank sees the same tables, so every rank says so)
 
 
 cdef inline uint64_t *_address_slot(uintptr_t lines, int rank, uint32_t step) noexcept nogil:
@@ -194,6 +196,128 @@ cdef class SingleCopy:
                     return self._fail(root, err)
             self._post_step(base + 2, desc)
             if me == root and not self._wait_all(base + 2):
+                return 1
+        return _DONE
+
+    def gather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root, uintptr_t outs,
+               Py_ssize_t resume):
+        """Every rank's ``nbytes`` at ``addr`` to ``outs[rank]`` on ``root`` (``outs``: an array of one
+        address per rank, read on the root only).
+
+        base + 1: our input's address; every rank checks the others are in this gather; the root reads
+        every input; base + 2: the root is done reading, which every rank waits for.
+        """
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._gather(base, desc, addr, nbytes, root, <uint64_t *>outs, resume)
+        return status
+
+    cdef Py_ssize_t _gather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root,
+                            uint64_t *outs, Py_ssize_t resume) noexcept nogil:
+        cdef int peer, err, me = self.me
+        if resume < 0:
+            self._publish(base + 1, desc, addr)
+            if not self._wait_all(base + 1):
+                return 0
+        if resume < 1:
+            if _first_mismatch(self.lines, 0, self.size, base + 1, desc) >= 0:
+                return _MISMATCH
+            if me == root:
+                if outs[me] != addr:  # first: an output may overlap our input, which nobody else reads
+                    memcpy(<char *>outs[me], <char *>addr, nbytes)
+                for peer in range(self.size):
+                    if peer != me:
+                        err = _read(self._pid(peer), <char *>outs[peer], self._their(peer, base + 1), nbytes)
+                        if err:
+                            return self._fail(peer, err)
+            self._post_step(base + 2, desc)
+            if not self._wait_all(base + 2):
+                return 1
+        return _DONE
+
+    def scatter(self, uint32_t base, uint64_t desc, uintptr_t ins, Py_ssize_t nbytes, int root, uintptr_t out,
+                Py_ssize_t resume):
+        """``nbytes`` at ``ins[rank]`` on ``root`` to ``out`` on every rank (``ins``: an array of one
+        address per rank, on the root).
+
+        base + 1: the root's array of addresses (the others post it empty); every rank checks the others
+        are in this scatter; the others read their entry of the root's array, then their block, and post
+        base + 2, which the root waits for before it copies its own block.
+        """
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._scatter(base, desc, ins, nbytes, root, <char *>out, resume)
+        return status
+
+    cdef Py_ssize_t _scatter(self, uint32_t base, uint64_t desc, uintptr_t ins, Py_ssize_t nbytes, int root,
+                             char *out, Py_ssize_t resume) noexcept nogil:
+        cdef int err, me = self.me
+        cdef uint64_t theirs
+        if resume < 0:
+            self._publish(base + 1, desc, ins if me == root else 0)
+            if not self._wait_all(base + 1):
+                return 0
+        if resume < 1:
+            if _first_mismatch(self.lines, 0, self.size, base + 1, desc) >= 0:
+                return _MISMATCH
+            if me != root:
+                err = _read(self._pid(root), <char *>&theirs, self._their(root, base + 1) + 8 * me, 8)
+                if not err:
+                    err = _read(self._pid(root), out, theirs, nbytes)
+                if err:
+                    return self._fail(root, err)
+            self._post_step(base + 2, desc)
+            if me == root and not self._wait_all(base + 2):
+                return 1
+        # The root's own block last: its output may overlap an input a peer was reading.
+        if me == root and <uintptr_t>out != (<uint64_t *>ins)[me]:
+            memcpy(out, <char *>(<uint64_t *>ins)[me], nbytes)
+        return _DONE
+
+    def alltoall(self, uint32_t base, uint64_t desc, uintptr_t sends, uintptr_t recvs, uintptr_t tables,
+                 Py_ssize_t table_stride, Py_ssize_t resume):
+        """Rank r's block for rank j to rank j. ``sends``/``recvs``: arrays of (address, bytes) per rank
+        (recvs[j]: where what rank j sends us goes). ``tables``: the arena's size tables of step base + 1,
+        each rank's row ``table_stride`` bytes apart (its send sizes, then its receive sizes), which every
+        rank wrote before the schedule.
+
+        base + 1: our ``sends`` array's address; every rank checks the others are in this all_to_all and
+        that every block has the size its receiver expects (SIZES, else), then reads its entry of each
+        peer's array and that peer's block; base + 2: done reading.
+        """
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._alltoall(base, desc, sends, <uint64_t *>recvs, tables, table_stride, resume)
+        return status
+
+    cdef Py_ssize_t _alltoall(self, uint32_t base, uint64_t desc, uintptr_t sends, uint64_t *recvs,
+                              uintptr_t tables, Py_ssize_t table_stride, Py_ssize_t resume) noexcept nogil:
+        cdef int peer, other, err, me = self.me, size = self.size
+        cdef uint64_t entry[2]
+        if resume < 0:
+            self._publish(base + 1, desc, sends)
+            if not self._wait_all(base + 1):
+                return 0
+        if resume < 1:
+            if _first_mismatch(self.lines, 0, size, base + 1, desc) >= 0:
+                return _MISMATCH
+            for peer in range(size):  # what peer sends other, against what other expects from peer
+                for other in range(size):
+                    if ((<int64_t *>(tables + peer * table_stride))[other]
+                            != (<int64_t *>(tables + other * table_stride))[size + peer]):
+                        return _SIZES
+            for peer in range(size):
+                if peer == me:
+                    if recvs[2 * me] != (<uint64_t *>sends)[2 * me]:
+                        memcpy(<char *>recvs[2 * me], <char *>(<uint64_t *>sends)[2 * me], recvs[2 * me + 1])
+                elif recvs[2 * peer + 1] > 0:
+                    err = _read(self._pid(peer), <char *>entry, self._their(peer, base + 1) + 16 * me, 16)
+                    if not err:
+                        err = _read(self._pid(peer), <char *>recvs[2 * peer], entry[0], recvs[2 * peer + 1])
+                    if err:
+                        return self._fail(peer, err)
+            self._post_step(base + 2, desc)
+            if not self._wait_all(base + 2):
                 return 1
         return _DONE
 

@@ -681,7 +681,8 @@ def lifecycle(cases):
 
 
 def in_place_overlap(cases):
-    """Input that is this rank's slice of the output (FSDP's in-place form): a correct result."""
+    """Input that is this rank's slice of the output (FSDP's in-place form), output inside the input, on every
+    rank or on some: a correct result."""
     rank, world = dist.get_rank(), dist.get_world_size()
     for count in (1, 7, 5003):
         case = f"overlap/all_gather_into_tensor/n={count}"
@@ -703,6 +704,28 @@ def in_place_overlap(cases):
             _equal(out, reference_reduce(inputs, "sum", torch.float32)[rank * count:(rank + 1) * count], case)
 
         cases.run(case, scatter_in_place)
+        # The same with only the even ranks in place: a path on which the peers read a rank's input must not
+        # let that rank's output overwrite it first, and must be every rank's, though only some overlap.
+        case = f"overlap/reduce_scatter_tensor/even_ranks/n={count}"
+
+        def scatter_in_place_on_some():
+            inputs = [make_input(case, r, torch.float32, world * count) for r in range(world)]
+            buf = inputs[rank].clone()
+            out = buf[rank * count:(rank + 1) * count] if rank % 2 == 0 else torch.zeros(count)
+            dist.reduce_scatter_tensor(out, buf)
+            _equal(out, reference_reduce(inputs, "sum", torch.float32)[rank * count:(rank + 1) * count], case)
+
+        cases.run(case, scatter_in_place_on_some)
+        case = f"overlap/all_to_all_single/even_ranks/n={count}"
+
+        def all_to_all_in_place_on_some():
+            inputs = [_data(case, r, torch.float32, world * count) for r in range(world)]
+            buf = inputs[rank].clone()
+            out = buf if rank % 2 == 0 else torch.zeros(world * count)
+            dist.all_to_all_single(out, buf)
+            _equal(out, torch.cat([inputs[r][rank * count:(rank + 1) * count] for r in range(world)]), case)
+
+        cases.run(case, all_to_all_in_place_on_some)
 
 
 def no_numba_after_init(cases):

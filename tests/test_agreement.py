@@ -33,8 +33,10 @@ def test_ranks_with_different_settings_use_rank_0s(variable, value, odd_rank):
         result.outputs[1]
 
 
+@pytest.mark.parametrize("single_copy", ["auto", "1"], ids=["default", "single-copy"])
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_split_size_combinations_match_gloo(world_size):
+def test_split_size_combinations_match_gloo(world_size, single_copy):
     result = spawn("tests.agreement:split_combinations", world_size, timeout=120,
-                   env={"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"})
+                   env={"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024",
+                        "SHMCOLL_SINGLE_COPY": single_copy})
     assert_job_passes(result, min_cases=4 * 2 ** world_size + 3 * 2 ** world_size + 3)

@@ -4,14 +4,14 @@ import re
 
 import pytest
 
-from shmcoll.placement.node import READ_COST_LIMIT, SINGLE_COPY_SPANS, single_copy_spans
+from shmcoll.placement.node import READ_COST_LIMIT, SINGLE_COPY_KINDS, SINGLE_COPY_SPANS, single_copy_spans
 from shmcoll.single_copy import Verdict
 from tests.harness import assert_job_passes, spawn
 
 # 600001 elements: past every span of placement.node.SINGLE_COPY_SPANS for 4-byte types but the
 # all-reduce's 32 MiB, and past one chunk, so that single copy's pieces loop.
 SCENARIOS = [("allreduce_matrix", ["600001"], 374), ("data_movement", ["600001"], None),
-             ("rooted_and_scattered", [], None)]
+             ("rooted_and_scattered", [], None), ("in_place_overlap", [], 12)]
 
 
 def _cases(scenario: str, world: int, fixed) -> int:
@@ -47,11 +47,11 @@ def test_refused_by_the_kernel_uses_the_copy_path():
 def test_where_a_read_costs_two_copies_the_copy_path_is_kept():
     """The rule of placement.node.single_copy_spans: a node that reads its peers cheaply uses every measured
     span; one whose reads cost two copies or more keeps the copy path; refused, nothing; forced, every size
-    of all four, whatever the cost."""
+    of every collective that has a single-copy schedule, whatever the cost."""
     assert single_copy_spans(Verdict(None, 1.0), "auto") == SINGLE_COPY_SPANS
     assert single_copy_spans(Verdict(None, READ_COST_LIMIT), "auto") == {}
     assert single_copy_spans(Verdict("refused", 0.0), "auto") == {}
-    assert single_copy_spans(Verdict(None, 9.0), "1") == {kind: (0, None) for kind in SINGLE_COPY_SPANS}
+    assert single_copy_spans(Verdict(None, 9.0), "1") == {kind: (0, None) for kind in SINGLE_COPY_KINDS}
 
 
 def test_the_node_measures_what_a_read_costs_and_chooses_by_it():

@@ -16,6 +16,7 @@ every slot. A block of exactly a part's width takes one step.
 import numpy as np
 
 from shmcoll._copy import copy
+from shmcoll.algorithms import schedule
 from shmcoll.errors import SizesDisagreeError
 
 
@@ -50,6 +51,29 @@ def alltoall(arena, send, recv, desc: int, flag: int = 0) -> int:
                 copy(addr + start, arena.slot(buf, peer) + me * part, min(part, nbytes - start))
         start += part
     return flags
+
+
+def single_copy(arena, send, recv, desc: int) -> None:
+    """As ``alltoall``, every rank reading its blocks where they are in the senders' inputs (``_single_copy``):
+    the size tables of the schedule's first step say whether the sizes agree, as there, before a byte moves.
+    No rank's output may overlap its own input (its peers read that input while it writes the output)."""
+    sc, me = arena.single_copy, arena.local_rank
+    sends, recvs = np.array(send, dtype=np.uint64), np.array(recv, dtype=np.uint64)  # (address, bytes) rows
+    buf = arena.begin_write() & 1  # the buffer of the schedule's first step, whose table we fill now
+    tables = arena.tables(buf)
+    tables[me] = [n for _, n in send] + [n for _, n in recv] + [0]
+    schedule.run(arena, sc, desc,
+                 lambda base, resume: sc.alltoall(base, desc, sends.ctypes.data, recvs.ctypes.data,
+                                                  tables.ctypes.data, tables.strides[0], resume),
+                 sizes_error=lambda: _sizes_error(arena, buf))
+
+
+def _sizes_error(arena, buf: int) -> Exception:
+    try:
+        _agreed_longest(arena, buf)
+    except SizesDisagreeError as error:
+        return error
+    return AssertionError("the single-copy all_to_all saw size tables that disagree, Python's check of them does not")
 
 
 def _agreed_longest(arena, buf: int) -> int:

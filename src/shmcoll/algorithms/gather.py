@@ -1,5 +1,8 @@
 """Gather to one root: each step every rank publishes up to a slot of its input; the root copies all out."""
+import numpy as np
+
 from shmcoll._copy import copy
+from shmcoll.algorithms import schedule
 
 
 def gather(arena, addr: int, nbytes: int, root: int, outputs, desc: int) -> None:
@@ -17,3 +20,11 @@ def gather(arena, addr: int, nbytes: int, root: int, outputs, desc: int) -> None
                 arena.check_same_collective(step, desc)
             for peer in range(size):
                 copy(outputs[peer] + start, arena.slot(buf, peer), n)
+
+
+def single_copy(arena, addr: int, nbytes: int, root: int, outputs, desc: int) -> None:
+    """As ``gather``, the root reading every input where it is (``_single_copy``)."""
+    sc = arena.single_copy
+    outs = np.array(outputs if arena.local_rank == root else [], dtype=np.uint64)
+    schedule.run(arena, sc, desc, lambda base, resume: sc.gather(base, desc, addr, nbytes, root, outs.ctypes.data,
+                                                                 resume))

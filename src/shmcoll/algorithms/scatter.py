@@ -1,5 +1,8 @@
 """Scatter from one root: per step the root fills every rank's slot with that rank's next piece."""
+import numpy as np
+
 from shmcoll._copy import copy
+from shmcoll.algorithms import schedule
 
 
 def scatter(arena, inputs, nbytes: int, root: int, out_addr: int, desc: int) -> None:
@@ -22,3 +25,11 @@ def scatter(arena, inputs, nbytes: int, root: int, out_addr: int, desc: int) -> 
             if start == 0:
                 arena.check_same_collective(step, desc, among=root)
             copy(out_addr + start, arena.slot(step & 1, me), n)
+
+
+def single_copy(arena, inputs, nbytes: int, root: int, out_addr: int, desc: int) -> None:
+    """As ``scatter``, every rank reading its block where it is on the root (``_single_copy``)."""
+    sc = arena.single_copy
+    ins = np.array(inputs if arena.local_rank == root else [], dtype=np.uint64)
+    schedule.run(arena, sc, desc, lambda base, resume: sc.scatter(base, desc, ins.ctypes.data, nbytes, root,
+                                                                  out_addr, resume))

@@ -1,7 +1,7 @@
 """Driving the C schedules (``shmcoll._reduce``, ``shmcoll._single_copy``): start one, settle slow waits, resume.
 
-A schedule returns DONE, MISMATCH, FAILED (a single-copy read failed), or the
-position p of a wait whose slice expired; position p waits for step base + p + 1,
+A schedule returns DONE, MISMATCH, FAILED (a single-copy read failed), SIZES
+(single-copy all_to_all: the size tables disagree), or the position p of a wait whose slice expired; position p waits for step base + p + 1,
 the last step this rank posted. Python then waits the slow way (deadline, dead
 peers, abandoned groups: ``Arena.wait_all``) and calls the schedule again from p.
 
@@ -13,24 +13,27 @@ import errno
 import os
 
 from shmcoll._reduce import DONE, MISMATCH
-from shmcoll._single_copy import FAILED
+from shmcoll._single_copy import FAILED, SIZES
 from shmcoll.descriptors import describe
 from shmcoll.errors import PeerDiedError, ShmcollError
 
 _STEP = 0xFFFFFFFF  # step words are 32 bits; the arena counts in Python integers
 
 
-def run(arena, schedule, desc: int, call) -> None:
+def run(arena, schedule, desc: int, call, sizes_error=None) -> None:
     """Run ``call(base, resume)`` (one call into ``schedule``, one of the arena's) to the end.
 
     ``base`` is the step before the schedule's first (every rank has reached it
-    when the schedule starts).
+    when the schedule starts). ``sizes_error()``: the exception for SIZES.
     """
     base = arena.begin_write() - 1
     status = call(base & _STEP, -1)
     while status != DONE:
         if status == FAILED:
             raise _read_failed(arena, schedule, desc)
+        if status == SIZES:  # after step base + 1, which every rank reached
+            arena.record_schedule(base + 1, base + 1)
+            raise sizes_error()
         step = base + 1 if status == MISMATCH else base + status + 1
         arena.record_schedule(step)
         settle(arena, status, step, desc)

@@ -26,6 +26,11 @@ SINGLE_COPY_SPANS = {
     "all_gather": (16 << 10, None), "reduce_scatter": (16 << 10, None),
     "broadcast": (8 << 10, 1 << 20), "all_reduce": (2 << 20, 32 << 20),
 }
+# Every collective that has a single-copy schedule. gather, scatter and all_to_all have no measured span
+# (no machine where reads are cheap was at hand when they were written: ``bench/bench_single_copy.py``
+# measures them), so they read directly only where SHMCOLL_SINGLE_COPY=1 forces it. all_to_all never
+# has a span by size: its ranks' sizes differ, and its path must be the same on every rank.
+SINGLE_COPY_KINDS = (*SINGLE_COPY_SPANS, "gather", "scatter", "all_to_all")
 # Single copy pays only where the kernel's read of a peer is cheap: it saves one or two copies (into the
 # arena and out of it) per byte and reads once instead. On the Intel VM whose spans these are, a 256 KiB
 # broadcast took 16 us by a read against 24 us by two copies (about one copy per read, judged from those
@@ -38,12 +43,12 @@ READ_COST_LIMIT = 2.0
 def single_copy_spans(verdict, mode: str) -> dict:
     """The collectives that read the peers' buffers, and at which sizes (``SINGLE_COPY_SPANS``' form), for a
     node's ``single_copy.Verdict`` and SHMCOLL_SINGLE_COPY (``mode``): none where refused; every size of
-    every collective where forced ("1"); else the measured spans where a read costs less than
+    every collective of ``SINGLE_COPY_KINDS`` where forced ("1"); else the measured spans where a read costs less than
     ``READ_COST_LIMIT`` copies, and none where it costs more."""
     if verdict.refused is not None:
         return {}
     if mode == "1":
-        return {kind: (0, None) for kind in SINGLE_COPY_SPANS}
+        return {kind: (0, None) for kind in SINGLE_COPY_KINDS}
     return dict(SINGLE_COPY_SPANS) if verdict.read_cost < READ_COST_LIMIT else {}
 
 
@@ -54,6 +59,13 @@ def _span(least: int, most: int | None) -> str:
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the memory of two contiguous tensors overlaps."""
     return a.data_ptr() < b.data_ptr() + b.nbytes and b.data_ptr() < a.data_ptr() + a.nbytes
+
+
+def _apart(sources: list[torch.Tensor], targets: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``sources``, or copies of them where a target overlaps one: the peers read a single-copy collective's
+    inputs while this rank writes its outputs. (Copies, not the copy path: the path must be the same on every
+    rank, and only this one knows its tensors overlap.)"""
+    return [t.clone() if any(_overlap(t, out) for out in targets) else t for t in sources]
 
 
 class OnArena:
@@ -101,6 +113,11 @@ class OneNode(OnArena):
             return False
         least, most = span
         return least <= nbytes and (most is None or nbytes <= most)
+
+    def _single_copy_alltoall(self) -> bool:
+        """Whether all_to_all reads the peers' buffers directly: at every size or none (its ranks' sizes differ,
+        so no size can decide it alike on every rank)."""
+        return self.single_copy_spans.get("all_to_all") == (0, None)
 
     def _over_lanes(self, desc: int, count: int, itemsize: int, job) -> None:
         """``job(steps, lo, hi)`` over [0, count) items: on the arena itself on this thread when the message is
@@ -156,9 +173,10 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         target = staged(out)
         addr, into, block, itemsize = source.data_ptr(), target.data_ptr(), out.numel(), out.element_size()
-        if self._single_copy("reduce_scatter", block * itemsize) and not _overlap(target, source):
-            reduce_scatter.single_copy(self.arena, addr, block, itemsize, red.kernel, red.op.kernel, red.scale, into,
-                                       desc)
+        if self._single_copy("reduce_scatter", block * itemsize):
+            source, = _apart([source], [target])
+            reduce_scatter.single_copy(self.arena, source.data_ptr(), block, itemsize, red.kernel, red.op.kernel,
+                                       red.scale, into, desc)
             return unstage(out, target)
         self._over_lanes(desc, block, itemsize, lambda steps, lo, hi: reduce_scatter.reduce_scatter(
             steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale,
@@ -218,7 +236,8 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         source = input.contiguous()
         targets = [staged_empty(out) for out in outputs] if outputs is not None else []
-        gather.gather(self.arena, source.data_ptr(), nbytes, root, [t.data_ptr() for t in targets], desc)
+        how = gather.single_copy if self._single_copy("gather", nbytes) else gather.gather
+        how(self.arena, source.data_ptr(), nbytes, root, [t.data_ptr() for t in targets], desc)
         for out, target in zip(outputs or [], targets):
             unstage(out, target)
 
@@ -228,15 +247,18 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         sources = [t.contiguous() for t in inputs] if inputs is not None else []
         target = staged_empty(output)
-        scatter.scatter(self.arena, [t.data_ptr() for t in sources], nbytes, root, target.data_ptr(), desc)
+        how = scatter.single_copy if self._single_copy("scatter", nbytes) else scatter.scatter
+        how(self.arena, [t.data_ptr() for t in sources], nbytes, root, target.data_ptr(), desc)
         unstage(output, target)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], desc: int) -> None:
         sources = [t.contiguous() for t in inputs]
         targets = [staged_empty(t) for t in outputs]
-        sizes_in, sizes_out = [t.nbytes for t in sources], [t.nbytes for t in targets]
-        alltoall.alltoall(self.arena, [(t.data_ptr(), n) for t, n in zip(sources, sizes_in)],
-                          [(t.data_ptr(), n) for t, n in zip(targets, sizes_out)], desc)
+        how = alltoall.alltoall
+        if self._single_copy_alltoall():
+            sources, how = _apart(sources, targets), alltoall.single_copy
+        how(self.arena, [(t.data_ptr(), t.nbytes) for t in sources], [(t.data_ptr(), t.nbytes) for t in targets],
+            desc)
         for out, target in zip(outputs, targets):
             unstage(out, target)
 
@@ -244,9 +266,12 @@ class OneNode(OnArena):
         """``out_blocks``/``in_blocks``: (byte offset, byte count) of each rank's block."""
         source = input.contiguous()
         target = staged_empty(output)
+        how = alltoall.alltoall
+        if self._single_copy_alltoall():
+            (source,), how = _apart([source], [target]), alltoall.single_copy
         base_in, base_out = source.data_ptr(), target.data_ptr()
-        alltoall.alltoall(self.arena, [(base_in + off, n) for off, n in in_blocks],
-                          [(base_out + off, n) for off, n in out_blocks], desc)
+        how(self.arena, [(base_in + off, n) for off, n in in_blocks], [(base_out + off, n) for off, n in out_blocks],
+            desc)
         unstage(output, target)
 
     def barrier(self, desc: int) -> None:
