@@ -8,7 +8,7 @@ arena), and their calls alternate round by round, so that a machine whose
 speed drifts (a shared VM can run twice as slow for minutes) weighs on both
 alike; separate jobs per path cannot show which is faster there. Prints, per
 collective and size (nccl-tests sizes: all_gather's output, reduce_scatter's
-input), the median over rounds of rank 0's time per call for each path and
+input; gather's and scatter's block per rank, all_to_all_single's input per rank), the median over rounds of rank 0's time per call for each path and
 their ratio, and the read cost the probe measured (``single_copy.read_cost``),
 which decides the default (``placement.node.single_copy_spans``).
 """
@@ -27,12 +27,33 @@ from shmcoll.bench.report import SHORT_OP
 from shmcoll.bench.sweep import parse_bytes
 
 
+ROOTED = ("gather", "scatter", "all_to_all_single")  # beside the sweep's ops (shmcoll.bench.cases.ALL_OPS)
+
+
+def collective(op: str, nbytes: int, group, world: int, rank: int):
+    """The call of ``op`` at ``nbytes`` on ``group``, float32: the sweep's case (nccl-tests sizes), or for
+    gather and scatter ``nbytes`` per rank's block, for all_to_all_single ``nbytes`` of input per rank."""
+    if op not in ROOTED:
+        case = OpCase(op, counts_for(op, nbytes, 4, world), torch.float32, world, rank)
+        return case.fn(group, *case.alloc())
+    count = max(1, nbytes // 4)
+    if op == "gather":
+        block, blocks = torch.ones(count), [torch.empty(count) for _ in range(world)] if rank == 0 else None
+        return lambda: dist.gather(block, blocks, dst=0, group=group)
+    if op == "scatter":
+        block, blocks = torch.empty(count), [torch.ones(count) for _ in range(world)] if rank == 0 else None
+        return lambda: dist.scatter(block, blocks, src=0, group=group)
+    count = max(world, count - count % world)
+    source, target = torch.ones(count), torch.empty(count)
+    return lambda: dist.all_to_all_single(target, source, group=group)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="32K,256K,2M,16M")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ops", default="all_reduce,reduce_scatter_tensor,all_gather_into_tensor,broadcast",
-                        help=f"comma list of {', '.join(ALL_OPS)}")
+                        help=f"comma list of {', '.join(ALL_OPS + ROOTED)}")
     args = parser.parse_args()
     torch.set_num_threads(1)
     groups = {}
@@ -51,12 +72,11 @@ def main() -> None:
     if rank == 0:
         print(f"{world} ranks; single copy refused here: {verdict.refused}" if verdict.refused else
               f"{world} ranks; the group's probe: a read of a peer costs {verdict.read_cost:.2f} copies here")
-        print(f"{'op':15s} {'bytes':>8s} {'single copy us':>15s} {'copy us':>9s} {'copy/single':>12s}")
+        print(f"{'op':17s} {'bytes':>8s} {'single copy us':>15s} {'copy us':>9s} {'copy/single':>12s}")
     for op in args.ops.split(","):
         for nbytes in (parse_bytes(s) for s in args.sizes.split(",")):
             iters = max(5, min(500, int(2e5 / max(1, nbytes >> 10))))
-            case = OpCase(op, counts_for(op, nbytes, 4, world), torch.float32, world, rank)
-            calls = {path: case.fn(group, *case.alloc()) for path, group in groups.items()}
+            calls = {path: collective(op, nbytes, group, world, rank) for path, group in groups.items()}
             times = {path: [] for path in groups}
             for _ in range(args.rounds):
                 for path, call in calls.items():
@@ -69,7 +89,7 @@ def main() -> None:
                     times[path].append((time.perf_counter() - start) / iters * 1e6)
             if rank == 0:
                 single, copy = statistics.median(times["single copy"]), statistics.median(times["copy"])
-                print(f"{SHORT_OP[op]:15s} {nbytes >> 10:>5d} KiB {single:>15.1f} {copy:>9.1f} {copy / single:>12.2f}",
+                print(f"{SHORT_OP.get(op, op):17s} {nbytes >> 10:>5d} KiB {single:>15.1f} {copy:>9.1f} {copy / single:>12.2f}",
                       flush=True)
     dist.destroy_process_group()
 
