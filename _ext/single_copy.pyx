@@ -50,8 +50,9 @@ cdef inline uint64_t *_address_slot(uintptr_t lines, int rank, uint32_t step) no
     return <uint64_t *>(lines + <uintptr_t>rank * _LINE + _ADDRESS + 8 * (step & 3))
 
 
-def probe(int pid, uintptr_t remote, uintptr_t local, Py_ssize_t nbytes):
-    """Read ``nbytes`` of process ``pid`` at ``remote`` into ``local``: 0, or the errno that refused it."""
+def read(int pid, uintptr_t remote, uintptr_t local, Py_ssize_t nbytes):
+    """Read ``nbytes`` of process ``pid`` at ``remote`` into ``local``, the GIL released: 0, or the errno
+    that refused it (the probe's reads, and a point-to-point message read whole)."""
     cdef int err
     with nogil:
         err = _read(pid, <char *>local, remote, nbytes)

@@ -179,10 +179,12 @@ def main() -> int:
 
 # -- 1. dead peer -------------------------------------------------------------
 
-def dead_peer(rank: Rank, victim: int, kill_at: int, numel: int, timeout: float = 60, gather: bool = False):
-    """all_reduce (``gather``: all_gather_into_tensor) in a loop; ``victim`` SIGKILLs itself at iteration
-    ``kill_at`` (``gather``: from another thread, at whatever point the loop has reached, most likely while
-    its peers read its buffer); survivors time the error."""
+def dead_peer(rank: Rank, victim: int, kill_at: int, numel: int, timeout: float = 60, gather: bool = False,
+              ring: bool = False):
+    """all_reduce (``gather``: all_gather_into_tensor; ``ring``: each rank sends to the next and receives from
+    the one before) in a loop; ``victim`` SIGKILLs itself at iteration ``kill_at`` (``gather``, ``ring``:
+    from another thread, at whatever point the loop has reached, most likely while its peers read its
+    buffer); survivors time the error."""
     rank.init(timeout=timeout)
     world = rank.world
     t = torch.empty(numel, dtype=torch.float32)
@@ -200,7 +202,7 @@ def dead_peer(rank: Rank, victim: int, kill_at: int, numel: int, timeout: float 
     try:
         while True:
             if rank.rank == victim and i == kill_at:
-                if not gather:
+                if not (gather or ring):
                     die()
                 threading.Timer(0.003, die).start()
             t.fill_(rank.rank + 1)
@@ -208,6 +210,12 @@ def dead_peer(rank: Rank, victim: int, kill_at: int, numel: int, timeout: float 
             if gather:
                 dist.all_gather_into_tensor(whole, t)
                 wrong += any(whole[r * numel].item() != r + 1 for r in range(world))
+            elif ring:
+                before = (rank.rank - 1) % world
+                for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, t, (rank.rank + 1) % world),
+                                                    dist.P2POp(dist.irecv, whole[:numel], before)]):
+                    work.wait()
+                wrong += whole[0].item() != before + 1 or whole[numel - 1].item() != before + 1
             else:
                 dist.all_reduce(t)
                 if t[0].item() != expected or t[-1].item() != expected:

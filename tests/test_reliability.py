@@ -200,10 +200,12 @@ def test_dead_peer_is_reported_quickly(numel, threads, single_copy, victim):
     assert job.leftovers() == []
 
 
-def test_dead_peer_while_its_buffer_is_read():
-    """Single copy: rank 0 of 3 dies (SIGKILL from a timer) inside a loop of 48 MiB all_gathers, where its
-    peers spend most of their time reading its buffer: each raises naming it, within 2 s."""
-    job = Job("dead_peer", 3, args={"victim": 0, "kill_at": 5, "numel": 4 << 20, "timeout": 60, "gather": True},
+@pytest.mark.parametrize("loop", ["gather", "ring"])
+def test_dead_peer_while_its_buffer_is_read(loop):
+    """Single copy: rank 0 of 3 dies (SIGKILL from a timer) inside a loop of 48 MiB all_gathers, or of 16 MiB
+    messages around the ring, where its peers spend most of their time reading its buffer: each raises
+    naming it, within 2 s."""
+    job = Job("dead_peer", 3, args={"victim": 0, "kill_at": 5, "numel": 4 << 20, "timeout": 60, loop: True},
               env={"SHMCOLL_SINGLE_COPY": "1"})
     deadline = time.monotonic() + 60
     while not os.path.exists(os.path.join(job.dir, "kill_time")) and time.monotonic() < deadline:
@@ -218,7 +220,7 @@ def test_dead_peer_while_its_buffer_is_read():
         messages.append(err["message"])
         assert names_rank(err["message"], 0) and err["time"] - killed < 2.0, err
         assert job.report(r)["wrong_results"] == 0 and job.exitcode(r) == 0
-    record("dead_peer_while_read", {"messages": messages})
+    record(f"dead_peer_while_read-{loop}", {"messages": messages})
     assert job.leftovers() == []
 
 

@@ -10,6 +10,14 @@ that the receiver checks against what it expects.
 Messages between two ranks arrive in the order they were sent; a tag is
 checked, not used to reorder (a receive that finds another tag first raises).
 
+Single copy (``direct_from``: the least message that uses it, None for never):
+the sender's one chunk is a header that gives its buffer's address instead of
+data; the receiver reads the whole message from the sender's memory
+(``process_vm_readv``) and acknowledges the chunk, which ends the send. The
+sender decides by the size; the receiver follows the header. Only messages
+larger than the two halves: a sender waits for its receiver then, on either
+path.
+
 Transfers are non-blocking state machines: ``advance()`` moves data as far as
 the channel allows and returns. A send or receive that can finish at once runs
 inline; the rest progress together on the group's p2p thread, so isend/irecv
@@ -20,15 +28,19 @@ from __future__ import annotations
 import threading
 import time
 
+import errno
+import os
+
 import numpy as np
 
-from shmcoll import _sync
+from shmcoll import _single_copy, _sync
 from shmcoll._copy import copy
-from shmcoll.errors import ShmcollError
+from shmcoll.errors import PeerDiedError, ShmcollError
 from shmcoll.waits import reached
 from shmcoll.work import AsyncWork, CompletedWork
 
 HEADER_BYTES = 64
+DIRECT = -1  # a header's chunk bytes when the chunk carries the sender's address, not data
 
 
 class _Transfer:
@@ -58,6 +70,13 @@ class _Transfer:
 class Send(_Transfer):
     kind = "send"
 
+    def __init__(self, p2p, peer, addr: int, nbytes: int, tag: int, result):
+        super().__init__(p2p, peer, addr, nbytes, tag, result)
+        # Never a message that fits the channel's two halves: those the copy path sends without waiting for
+        # the receiver, and a sender may rely on that (a message nobody receives yet, then a collective).
+        self.direct = p2p.direct_from is not None and 2 * p2p.payload < nbytes and p2p.direct_from <= nbytes
+        self.read_by = None  # a direct send: the acknowledgement that says the receiver has read our buffer
+
     def key(self):
         return ("send", self.peer)
 
@@ -67,13 +86,21 @@ class Send(_Transfer):
     def advance(self) -> bool:
         p2p, peer = self.p2p, self.peer
         lines, data = p2p.arena.channel(p2p.me, peer)
+        if self.read_by is not None:
+            self.done = reached(_sync.load_step(lines, 1), self.read_by)
+            return self.done
         moved = False
         while not self.done:
             chunk = p2p.sent[peer]
             if not reached(_sync.load_step(lines, 1), chunk - 1):
                 break  # the half still holds chunk - 2, not yet read
-            n = min(p2p.payload, self.nbytes - self.offset)
             half = data + (chunk & 1) * p2p.half_bytes
+            if self.direct:
+                p2p.write_header(half, self.tag, self.nbytes, 0, DIRECT, self.addr)
+                p2p.sent[peer] = self.read_by = chunk + 1
+                _sync.post(lines, 0, (chunk + 1) & 0xFFFFFFFF, 0)
+                return True
+            n = min(p2p.payload, self.nbytes - self.offset)
             p2p.write_header(half, self.tag, self.nbytes, self.offset, n)
             copy(half + HEADER_BYTES, self.addr + self.offset, n)
             self._passed(p2p.sent, lines, 0, chunk, n)
@@ -82,6 +109,8 @@ class Send(_Transfer):
 
     def wait_target(self):
         lines, _ = self.p2p.arena.channel(self.p2p.me, self.peer)
+        if self.read_by is not None:
+            return lines, 1, self.read_by & 0xFFFFFFFF
         return lines, 1, (self.p2p.sent[self.peer] - 1) & 0xFFFFFFFF
 
 
@@ -114,16 +143,31 @@ class Recv(_Transfer):
         while not self.done and self._ready(peer):
             chunk = p2p.received[peer]
             half = data + (chunk & 1) * p2p.half_bytes
-            tag, total, offset, n = p2p.read_header(half)
+            tag, total, offset, n, address = p2p.read_header(half)
             if tag != self.tag or total != self.nbytes or offset != self.offset:
                 raise ShmcollError(
                     f"rank {p2p.ranks[p2p.me]} expected a message of {self.nbytes} bytes with tag {self.tag} from "
                     f"rank {p2p.ranks[peer]} but the next one sent has {total} bytes and tag {tag}; messages "
                     f"between two ranks are delivered in the order sent")
-            copy(self.addr + self.offset, half + HEADER_BYTES, n)
+            if n == DIRECT:
+                self._read(peer, address)
+                n = total
+            else:
+                copy(self.addr + self.offset, half + HEADER_BYTES, n)
             self._passed(p2p.received, lines, 1, chunk, n)
             moved = True
         return moved
+
+    def _read(self, peer: int, address: int) -> None:
+        """The whole message from the sender's buffer at ``address`` (a direct send)."""
+        p2p = self.p2p
+        code = _single_copy.read(p2p.arena.pid(peer), address, self.addr, self.nbytes)
+        if code:
+            what = (f"rank {p2p.ranks[p2p.me]}: reading the message of rank {p2p.ranks[peer]} from its buffer "
+                    f"failed: {errno.errorcode.get(code, code)}")
+            if code == errno.ESRCH:
+                raise PeerDiedError(f"{what} (rank {p2p.ranks[peer]} exited)")
+            raise ShmcollError(f"{what} ({os.strerror(code)})")
 
     def wait_target(self):
         if self.peer is None:
@@ -135,8 +179,9 @@ class Recv(_Transfer):
 class PointToPoint:
     """One group's channels on this rank, and the thread that progresses pending transfers."""
 
-    def __init__(self, arena, name: str):
+    def __init__(self, arena, name: str, direct_from: int | None = None):
         self.arena = arena
+        self.direct_from = direct_from  # the least message read from the sender's buffer (None: none)
         self.me = arena.local_rank
         self.size = arena.local_size
         self.ranks = arena.ranks
@@ -155,13 +200,14 @@ class PointToPoint:
 
     # -- headers ---------------------------------------------------------------
 
-    def write_header(self, half: int, tag: int, total: int, offset: int, n: int) -> None:
+    def write_header(self, half: int, tag: int, total: int, offset: int, n: int, address: int = 0) -> None:
+        """``n``: the chunk's bytes, or DIRECT with the ``address`` of the sender's whole message."""
         i = (half - self._base) // 8
-        self._words[i:i + 4] = (tag, total, offset, n)
+        self._words[i:i + 5] = (tag, total, offset, n, address)
 
     def read_header(self, half: int):
         i = (half - self._base) // 8
-        return (int(x) for x in self._words[i:i + 4])
+        return (int(x) for x in self._words[i:i + 5])
 
     # -- issuing ---------------------------------------------------------------
 

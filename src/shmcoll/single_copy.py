@@ -105,7 +105,7 @@ def _probe_peers(peers: list[list[str]], me: int) -> str:
     for peer, (pid, address, _) in enumerate(peers):
         if peer == me:
             continue
-        err = _single_copy.probe(int(pid), int(address), got.ctypes.data, _PROBE_BYTES)
+        err = _single_copy.read(int(pid), int(address), got.ctypes.data, _PROBE_BYTES)
         if err:
             return f"process_vm_readv of local rank {peer} (pid {pid}) failed: {os.strerror(err)}"
         if not (got == peer + 1).all():
@@ -122,7 +122,7 @@ def read_cost(pid: int, address: int) -> float:
     reads, copies = [], []
     for _ in range(_TIMED_READS):
         start = time.perf_counter_ns()
-        if _single_copy.probe(pid, address, into.ctypes.data, _PROBE_BYTES):
+        if _single_copy.read(pid, address, into.ctypes.data, _PROBE_BYTES):
             return float("inf")
         reads.append(time.perf_counter_ns() - start)
         start = time.perf_counter_ns()
@@ -141,7 +141,7 @@ def self_check() -> Verdict:
     child = os.fork()
     if child == 0:  # read the parent, report the errno (and the cost) through the pipe
         got = np.zeros(_PROBE_BYTES, dtype=np.uint8)
-        err = _single_copy.probe(os.getppid(), probe.ctypes.data, got.ctypes.data, _PROBE_BYTES)
+        err = _single_copy.read(os.getppid(), probe.ctypes.data, got.ctypes.data, _PROBE_BYTES)
         answer = err if err else (0 if (got == 7).all() else -1)
         cost = read_cost(os.getppid(), probe.ctypes.data) if answer == 0 else 0.0
         os.write(write, f"{answer} {cost!r}".encode())

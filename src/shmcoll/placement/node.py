@@ -26,11 +26,11 @@ SINGLE_COPY_SPANS = {
     "all_gather": (16 << 10, None), "reduce_scatter": (16 << 10, None),
     "broadcast": (8 << 10, 1 << 20), "all_reduce": (2 << 20, 32 << 20),
 }
-# Every collective that has a single-copy schedule. gather, scatter and all_to_all have no measured span
+# Everything that has a single-copy path. gather, scatter, all_to_all and point_to_point have no measured span
 # (no machine where reads are cheap was at hand when they were written: ``bench/bench_single_copy.py``
 # measures them), so they read directly only where SHMCOLL_SINGLE_COPY=1 forces it. all_to_all never
 # has a span by size: its ranks' sizes differ, and its path must be the same on every rank.
-SINGLE_COPY_KINDS = (*SINGLE_COPY_SPANS, "gather", "scatter", "all_to_all")
+SINGLE_COPY_KINDS = (*SINGLE_COPY_SPANS, "gather", "scatter", "all_to_all", "point_to_point")
 # Single copy pays only where the kernel's read of a peer is cheap: it saves one or two copies (into the
 # arena and out of it) per byte and reads once instead. On the Intel VM whose spans these are, a 256 KiB
 # broadcast took 16 us by a read against 24 us by two copies (about one copy per read, judged from those
@@ -94,7 +94,6 @@ class OneNode(OnArena):
         self.rank = rank
         self.waits = waits  # placement.WaitBudgets
         self.lanes = lanes  # large collectives over several threads (shmcoll.lanes)
-        self.p2p = PointToPoint(arena, f"rank{rank}")
         # All-reduces up to this size exchange everything in one step (one slot per rank).
         self.one_shot_bytes = min(settings.small_bytes, arena.chunk_bytes)
         self.settings = settings
@@ -103,6 +102,8 @@ class OneNode(OnArena):
         self.single_copy_spans = single_copy_spans(single_copy, settings.single_copy)
         if self.single_copy_spans:  # the same verdict and settings on every rank of the node
             arena.enable_single_copy()
+        direct = self.single_copy_spans.get("point_to_point")  # a sender decides; its receiver follows
+        self.p2p = PointToPoint(arena, f"rank{rank}", direct_from=direct[0] if direct else None)
 
     def _single_copy(self, kind: str, nbytes: int) -> bool:
         """Whether a collective ``kind`` of ``nbytes`` per rank reads the peers' buffers directly: in its span
