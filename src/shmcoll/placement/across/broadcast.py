@@ -6,6 +6,8 @@ shared memory from that rank, while the rail carries the next segment; the
 root's node broadcasts from the root meanwhile. When some node lacks the
 root's local rank (nodes of unequal size), the root's node first copies the
 message to its local rank 0 and rail 0, which every node is on, carries it.
+Up to SHMCOLL_SMALL_BYTES the same, on the leaders' link instead of rail 0:
+the small messages' connections, never paced by the bulk's rate (``Shape``).
 """
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ def broadcast(shape, tensor: torch.Tensor, root: int, desc: int) -> None:
     data = work.reshape(-1).view(torch.uint8)
     base, nbytes = data.data_ptr(), data.numel()
     root_node, root_local = shape.node_of(root)
-    entry = root_local if len(shape.rail_nodes[root_local]) == len(shape.nodes) else 0  # the rail that carries it
+    small = nbytes <= shape.small_bytes
+    # The local rank whose link carries it: the root's, if every node has one; else (and when small) the leader.
+    entry = root_local if len(shape.rail_nodes[root_local]) == len(shape.nodes) and not small else 0
     on_root_node = shape.node == root_node
     if on_root_node and entry != root_local:
         stages.broadcast(shape, base, nbytes, root_local, desc)
-    link = shape.rail if shape.local_rank == entry else None
+    link = (shape.leaders if small else shape.rail) if shape.local_rank == entry else None
 
     def root_node_stage(cut):
         if on_root_node and entry == root_local:
