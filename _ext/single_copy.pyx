@@ -39,6 +39,7 @@ cdef enum:
     _MISMATCH = -2
     _FAILED = -3
     _SIZES = -4
+    _ON = -5  # _open's "go on"; never returned to Python
 
 DONE = _DONE
 MISMATCH = _MISMATCH
@@ -123,6 +124,18 @@ cdef class SingleCopy:
         self.reached = step
         return 1
 
+    cdef inline Py_ssize_t _open(self, uint32_t base, uint64_t desc, uintptr_t address,
+                                 Py_ssize_t resume) noexcept nogil:
+        """Every schedule's first step: post base + 1 with ``address``, wait for every rank, check they all
+        are in this collective. _ON to go on, else the status to return (0: the wait's slice ended)."""
+        if resume < 0:
+            self._publish(base + 1, desc, address)
+            if not self._wait_all(base + 1):
+                return 0
+        if resume < 1 and _first_mismatch(self.lines, 0, self.size, base + 1, desc) >= 0:
+            return _MISMATCH
+        return _ON
+
     cdef inline uintptr_t _their(self, int peer, uint32_t step) noexcept nogil:
         return <uintptr_t>arch.shmcoll_load_acquire_u64(_address_slot(self.lines, peer, step))
 
@@ -184,13 +197,10 @@ cdef class SingleCopy:
     cdef Py_ssize_t _broadcast(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root,
                                Py_ssize_t resume) noexcept nogil:
         cdef int err, me = self.me
-        if resume < 0:
-            self._publish(base + 1, desc, addr if me == root else 0)
-            if not self._wait_all(base + 1):
-                return 0
+        cdef Py_ssize_t status = self._open(base, desc, addr if me == root else 0, resume)
+        if status != _ON:
+            return status
         if resume < 1:
-            if _first_mismatch(self.lines, 0, self.size, base + 1, desc) >= 0:
-                return _MISMATCH
             if me != root:
                 err = _read(self._pid(root), <char *>addr, self._their(root, base + 1), nbytes)
                 if err:
@@ -216,13 +226,10 @@ cdef class SingleCopy:
     cdef Py_ssize_t _gather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root,
                             uint64_t *outs, Py_ssize_t resume) noexcept nogil:
         cdef int peer, err, me = self.me
-        if resume < 0:
-            self._publish(base + 1, desc, addr)
-            if not self._wait_all(base + 1):
-                return 0
+        cdef Py_ssize_t status = self._open(base, desc, addr, resume)
+        if status != _ON:
+            return status
         if resume < 1:
-            if _first_mismatch(self.lines, 0, self.size, base + 1, desc) >= 0:
-                return _MISMATCH
             if me == root:
                 if outs[me] != addr:  # first: an output may overlap our input, which nobody else reads
                     memcpy(<char *>outs[me], <char *>addr, nbytes)
@@ -254,13 +261,10 @@ cdef class SingleCopy:
                              char *out, Py_ssize_t resume) noexcept nogil:
         cdef int err, me = self.me
         cdef uint64_t theirs
-        if resume < 0:
-            self._publish(base + 1, desc, ins if me == root else 0)
-            if not self._wait_all(base + 1):
-                return 0
+        cdef Py_ssize_t status = self._open(base, desc, ins if me == root else 0, resume)
+        if status != _ON:
+            return status
         if resume < 1:
-            if _first_mismatch(self.lines, 0, self.size, base + 1, desc) >= 0:
-                return _MISMATCH
             if me != root:
                 err = _read(self._pid(root), <char *>&theirs, self._their(root, base + 1) + 8 * me, 8)
                 if not err:
@@ -295,13 +299,10 @@ cdef class SingleCopy:
                               uintptr_t tables, Py_ssize_t table_stride, Py_ssize_t resume) noexcept nogil:
         cdef int peer, other, err, me = self.me, size = self.size
         cdef uint64_t entry[2]
-        if resume < 0:
-            self._publish(base + 1, desc, sends)
-            if not self._wait_all(base + 1):
-                return 0
+        cdef Py_ssize_t status = self._open(base, desc, sends, resume)
+        if status != _ON:
+            return status
         if resume < 1:
-            if _first_mismatch(self.lines, 0, size, base + 1, desc) >= 0:
-                return _MISMATCH
             for peer in range(size):  # what peer sends other, against what other expects from peer
                 for other in range(size):
                     if ((<int64_t *>(tables + peer * table_stride))[other]
@@ -383,13 +384,10 @@ cdef class SingleCopy:
         cdef Py_ssize_t piece = self.scratch_bytes // (size * itemsize)
         cdef Py_ssize_t start = 0, n
         cdef char *rows = <char *>self.scratch
-        if resume < 0:
-            self._publish(base + 1, desc, buffer)
-            if not self._wait_all(base + 1):
-                return 0
+        cdef Py_ssize_t status = self._open(base, desc, buffer, resume)
+        if status != _ON:
+            return status
         if resume < 1:
-            if _first_mismatch(self.lines, 0, size, base + 1, desc) >= 0:
-                return _MISMATCH
             while start < count:
                 n = piece if count - start > piece else count - start
                 for peer in range(size):

@@ -694,28 +694,21 @@ def in_place_overlap(cases):
             _equal(out, torch.cat([make_input(case, r, torch.float32, count) for r in range(world)]), case)
 
         cases.run(case, gather_in_place)
-        case = f"overlap/reduce_scatter_tensor/n={count}"
+        # Output inside the input on every rank, then only on the even ones: a path on which the peers read a
+        # rank's input must not let that rank's output overwrite it first, and must be every rank's, though
+        # only some overlap.
+        for ranks in ("every", "even"):
+            case = f"overlap/reduce_scatter_tensor/{ranks}_ranks/n={count}"
 
-        def scatter_in_place():
-            inputs = [make_input(case, r, torch.float32, world * count) for r in range(world)]
-            buf = inputs[rank].clone()
-            out = buf[rank * count:(rank + 1) * count]  # the output lives inside the input
-            dist.reduce_scatter_tensor(out, buf)
-            _equal(out, reference_reduce(inputs, "sum", torch.float32)[rank * count:(rank + 1) * count], case)
+            def scatter_in_place():
+                inputs = [make_input(case, r, torch.float32, world * count) for r in range(world)]
+                buf = inputs[rank].clone()
+                inside = ranks == "every" or rank % 2 == 0
+                out = buf[rank * count:(rank + 1) * count] if inside else torch.zeros(count)
+                dist.reduce_scatter_tensor(out, buf)
+                _equal(out, reference_reduce(inputs, "sum", torch.float32)[rank * count:(rank + 1) * count], case)
 
-        cases.run(case, scatter_in_place)
-        # The same with only the even ranks in place: a path on which the peers read a rank's input must not
-        # let that rank's output overwrite it first, and must be every rank's, though only some overlap.
-        case = f"overlap/reduce_scatter_tensor/even_ranks/n={count}"
-
-        def scatter_in_place_on_some():
-            inputs = [make_input(case, r, torch.float32, world * count) for r in range(world)]
-            buf = inputs[rank].clone()
-            out = buf[rank * count:(rank + 1) * count] if rank % 2 == 0 else torch.zeros(count)
-            dist.reduce_scatter_tensor(out, buf)
-            _equal(out, reference_reduce(inputs, "sum", torch.float32)[rank * count:(rank + 1) * count], case)
-
-        cases.run(case, scatter_in_place_on_some)
+            cases.run(case, scatter_in_place)
         case = f"overlap/all_to_all_single/even_ranks/n={count}"
 
         def all_to_all_in_place_on_some():
