@@ -70,9 +70,8 @@ def allgather(shape, outs: list[torch.Tensor], input: torch.Tensor, desc: int) -
 
     def other_nodes(cut):
         lo, hi = cut
-        for n in nodes:
-            if n != shape.node:
-                node_stage(n, addresses[shape.rank_of(n, me)] + lo, lo, hi - lo)
+        for n in shape.other_nodes:
+            node_stage(n, addresses[shape.rank_of(n, me)] + lo, lo, hi - lo)
 
     per_segment = max(1, shape.segment_bytes // shape.size)
     pipeline.run(link, pipeline.segments(nbytes, per_segment), own_node, rail, other_nodes)
@@ -85,10 +84,9 @@ def _by_leaders(shape, outs: list[torch.Tensor], source: torch.Tensor, desc: int
     ours = shape.local_ranks
     stages.gather(shape, source.data_ptr(), nbytes, 0, [whole[r].data_ptr() for r in ours], desc)
     if shape.local_rank == 0:
-        others = [m for m in range(len(shape.nodes)) if m != shape.node]
-        inbound = {m: torch.empty((len(shape.nodes[m]), nbytes), dtype=torch.uint8) for m in others}
+        inbound = {m: torch.empty((len(shape.nodes[m]), nbytes), dtype=torch.uint8) for m in shape.other_nodes}
         shape.leaders.exchange(whole[ours], inbound)
-        for m in others:
+        for m in shape.other_nodes:
             whole[shape.nodes[m]] = inbound[m]
     stages.broadcast(shape, whole.data_ptr(), whole.numel(), 0, desc)
     for out, part in zip(outs, whole):

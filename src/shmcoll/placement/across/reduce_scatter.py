@@ -52,8 +52,7 @@ def reduce_scatter(shape, output: torch.Tensor, input: torch.Tensor, red: ops.Re
         if N > EXCHANGE_NODES:
             return link.alltoall(theirs, mine, [1] * N, [1] * N)
         theirs[shape.node].copy_(mine[shape.node])
-        others = [m for m in range(N) if m != shape.node]
-        return link.swap({m: mine[m] for m in others}, {m: theirs[m] for m in others})
+        return link.swap({m: mine[m] for m in shape.other_nodes}, {m: theirs[m] for m in shape.other_nodes})
 
     def combine(cut):
         lo, hi = cut
@@ -76,7 +75,7 @@ def _by_leaders(shape, out: torch.Tensor, source: torch.Tensor, red: ops.Reducti
         blocks = work.view(shape.size, M)
         parts = torch.empty((N, L * M), dtype=work.dtype)  # each node's partial of this node's blocks
         parts[shape.node].copy_(blocks[shape.local_ranks].view(-1))
-        others = [m for m in range(N) if m != shape.node]
+        others = shape.other_nodes
         shape.leaders.wait(shape.leaders.swap({m: blocks[shape.nodes[m]].reshape(-1) for m in others},
                                               {m: parts[m] for m in others}))
         stages.combine(red, ours, parts)

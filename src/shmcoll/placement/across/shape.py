@@ -41,6 +41,7 @@ class Shape:
         self.stride = [_stride(ranks) for ranks in self.nodes]
         self.where = {r: (n, l) for n, ranks in enumerate(self.nodes) for l, r in enumerate(ranks)}
         self.remote = [r for r in range(size) if self.where[r][0] != self.node]  # the ranks on other nodes
+        self.other_nodes = [n for n in range(len(self.nodes)) if n != self.node]
         # rail_nodes[i]: the nodes on rail i, in node order (a node's position on the rail is its index there).
         self.rail_nodes = [[n for n, ranks in enumerate(self.nodes) if len(ranks) > i]
                            for i in range(max(len(ranks) for ranks in self.nodes))]
