@@ -180,11 +180,12 @@ def main() -> int:
 # -- 1. dead peer -------------------------------------------------------------
 
 def dead_peer(rank: Rank, victim: int, kill_at: int, numel: int, timeout: float = 60, gather: bool = False,
-              ring: bool = False):
-    """all_reduce (``gather``: all_gather_into_tensor; ``ring``: each rank sends to the next and receives from
-    the one before) in a loop; ``victim`` SIGKILLs itself at iteration ``kill_at`` (``gather``, ``ring``:
-    from another thread, at whatever point the loop has reached, most likely while its peers read its
-    buffer); survivors time the error."""
+              stream: bool = False):
+    """all_reduce (``gather``: all_gather_into_tensor; ``stream``: the victim sends a message to every other
+    rank, which receives it) in a loop; ``victim`` SIGKILLs itself at iteration ``kill_at`` (``gather``,
+    ``stream``: from another thread, at whatever point the loop has reached, most likely while its peers read
+    its buffer); survivors time the error. (In a stream every survivor's one peer is the victim: in a ring a
+    survivor may first wait for another survivor that has raised and exited, and rightly name that one.)"""
     rank.init(timeout=timeout)
     world = rank.world
     t = torch.empty(numel, dtype=torch.float32)
@@ -202,7 +203,7 @@ def dead_peer(rank: Rank, victim: int, kill_at: int, numel: int, timeout: float 
     try:
         while True:
             if rank.rank == victim and i == kill_at:
-                if not (gather or ring):
+                if not (gather or stream):
                     die()
                 threading.Timer(0.003, die).start()
             t.fill_(rank.rank + 1)
@@ -210,12 +211,15 @@ def dead_peer(rank: Rank, victim: int, kill_at: int, numel: int, timeout: float 
             if gather:
                 dist.all_gather_into_tensor(whole, t)
                 wrong += any(whole[r * numel].item() != r + 1 for r in range(world))
-            elif ring:
-                before = (rank.rank - 1) % world
-                for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, t, (rank.rank + 1) % world),
-                                                    dist.P2POp(dist.irecv, whole[:numel], before)]):
+            elif stream:
+                if rank.rank == victim:
+                    works = [dist.isend(t, r) for r in range(world) if r != victim]
+                else:
+                    works = [dist.irecv(whole[:numel], victim)]
+                for work in works:
                     work.wait()
-                wrong += whole[0].item() != before + 1 or whole[numel - 1].item() != before + 1
+                if rank.rank != victim:
+                    wrong += whole[0].item() != victim + 1 or whole[numel - 1].item() != victim + 1
             else:
                 dist.all_reduce(t)
                 if t[0].item() != expected or t[-1].item() != expected:
