@@ -1,8 +1,9 @@
 """Driving the C schedules (``shmcoll._reduce``, ``shmcoll._single_copy``): start one, settle slow waits, resume.
 
 A schedule returns DONE, MISMATCH, FAILED (a single-copy read failed), SIZES
-(single-copy all_to_all: the size tables disagree), or the position p of a wait whose slice expired; position p waits for step base + p + 1,
-the last step this rank posted. Python then waits the slow way (deadline, dead
+(single-copy all_to_all: the size tables disagree), or the position p of a
+wait whose slice expired; position p waits for step base + p + 1, the last
+step this rank posted. Python then waits the slow way (deadline, dead
 peers, abandoned groups: ``Arena.wait_all``) and calls the schedule again from p.
 
 A schedule posts its steps itself and reports, once DONE, the last step it
