@@ -138,8 +138,13 @@ class ProgressEngine:
 
     def busy(self) -> bool:
         """Something is queued or running. Read without the lock: only the issuing thread
-        queues work, so from its point of view an idle engine stays idle."""
-        return self._running or bool(self._queue)
+        queues work, so from its point of view an idle engine stays idle. The queue is read
+        first and the thread marks itself running before it takes a collective off the queue
+        (``_loop``), so no moment between the two reads shows neither: read the other way
+        round, a collective taken off the queue just then was missed, and a synchronous call
+        issued after it ran inline alongside it (an all_gather read its input before the
+        async all_reduce before it had written it: a wrong result on every rank)."""
+        return bool(self._queue) or self._running
 
     def completed(self, result, source: int | None = None) -> CompletedWork:
         """The Work of a synchronous call that finished inline: one object, reused.
@@ -190,8 +195,8 @@ class ProgressEngine:
                     self._waiters += 1
                     self._cv.wait()
                     self._waiters -= 1
+                self._running = True  # before the queue shrinks: see busy()
                 run, work = self._queue.popleft()
-                self._running = True
             self.on_thread = True
             try:
                 source = run()
