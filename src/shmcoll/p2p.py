@@ -97,8 +97,8 @@ class Send(_Transfer):
             half = data + (chunk & 1) * p2p.half_bytes
             if self.direct:
                 p2p.write_header(half, self.tag, self.nbytes, 0, DIRECT, self.addr)
-                p2p.sent[peer] = self.read_by = chunk + 1
-                _sync.post(lines, 0, (chunk + 1) & 0xFFFFFFFF, 0)
+                self._passed(p2p.sent, lines, 0, chunk, 0)  # not done: the receiver reads it all
+                self.read_by = chunk + 1
                 return True
             n = min(p2p.payload, self.nbytes - self.offset)
             p2p.write_header(half, self.tag, self.nbytes, self.offset, n)
