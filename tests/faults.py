@@ -544,6 +544,12 @@ def _bad_calls(world: int):
             lambda: dist.all_gather_into_tensor(torch.zeros(4 * world + 3), torch.ones(4)),
         "all_gather_into_tensor_wrong_dtype":
             lambda: dist.all_gather_into_tensor(torch.zeros(4 * world, dtype=torch.float64), torch.ones(4, dtype=f32)),
+        "reduce_scatter_tensor_wrong_size":
+            lambda: dist.reduce_scatter_tensor(torch.zeros(4), torch.ones(4 * world + 3)),
+        "reduce_scatter_tensor_wrong_dtype":
+            lambda: dist.reduce_scatter_tensor(torch.zeros(4, dtype=torch.float64), torch.ones(4 * world, dtype=f32)),
+        "all_gather_into_tensor_meta_output":
+            lambda: dist.all_gather_into_tensor(torch.zeros(4 * world, device="meta"), torch.ones(4)),
         "broadcast_root_too_big": lambda: dist.broadcast(torch.ones(4), src=world),
         "broadcast_root_negative": lambda: dist.broadcast(torch.ones(4), src=-1),
         "band_on_float": lambda: dist.all_reduce(torch.ones(4), op=R.BAND),
@@ -556,8 +562,15 @@ def _bad_calls(world: int):
 def bad_input(rank: Rank, backend: str = "shm", timeout: float = 10.0, asym_timeout: float = 2.0):
     """Every rank makes the same bad call; then a good all_reduce must still work on the same group."""
     rank.init(timeout=timeout, backend=backend)
+    # Good float32 calls first: later calls of the same kind and dtype try the fast paths
+    # (shmcoll.backend), which must hand every bad one to the general checks.
+    world = rank.world
+    dist.all_gather_into_tensor(torch.zeros(4 * world), torch.ones(4))
+    dist.reduce_scatter_tensor(torch.zeros(4), torch.ones(4 * world))
+    dist.broadcast(torch.ones(4), src=0)
+    dist.all_reduce(torch.ones(4))
     results = rank.report["cases"] = {}
-    for name, call in _bad_calls(rank.world).items():
+    for name, call in _bad_calls(world).items():
         record = results[name] = {}
         start = time.monotonic()
         try:

@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from shmcoll import checks, descriptors, gloo_exit, kernel_library, ops, placement, sparse
+from shmcoll import _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops, placement, sparse
 from shmcoll._env import read_settings
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
@@ -33,7 +33,11 @@ from shmcoll.work import ProgressEngine
 
 _STRIDED = torch.strided
 _SUM = dist.ReduceOp.SUM
+_Tensor = torch.Tensor
 _AllreduceOptions = dist.AllreduceOptions
+_ReduceScatterOptions = dist.ReduceScatterOptions
+_BroadcastOptions = dist.BroadcastOptions
+_AllgatherOptions = _torch_compat.AllgatherOptions
 
 
 def _reduce_op(opts):
@@ -43,6 +47,11 @@ def _reduce_op(opts):
 def _is_async(opts) -> bool:
     # Options the caller left out: the c10d default, asynchronous (torch's wrappers always pass them).
     return True if opts is None else opts.asyncOp
+
+
+def _plain(tensor) -> bool:
+    """A dense CPU ``torch.Tensor`` (no subclass): what the fast paths take without further checks."""
+    return type(tensor) is _Tensor and tensor.is_cpu and tensor.layout is _STRIDED
 
 
 def _hash_is_op_value() -> bool:
@@ -78,6 +87,11 @@ class Collectives:
         self._sparse_buffers = sparse.Buffers()  # empty until a sparse all_reduce
         # The all-reduce fast path: one node, plans admitted per (op value, dtype) as they are met.
         self._planned = {} if self._placement.one_shot_bytes and _hash_is_op_value() else None
+        # The fast paths of all_gather_into_tensor, broadcast and reduce_scatter_tensor (any placement):
+        # the fixed part of the descriptor of each (kind, dtype, root) and, for reduce_scatter, the
+        # plan of each (op value, dtype), admitted by the general path as they are met.
+        self._movements: dict = {}
+        self._scatters = {} if _hash_is_op_value() else None
         if rank == 0 and _log.isEnabledFor(logging.INFO):
             nodes = self._placement.nodes
             _log.info("%s", "\n".join([f"shm process group of {size} ranks on {len(nodes)} node(s): {nodes}; "
@@ -129,8 +143,7 @@ class Collectives:
             # Synchronous with nothing queued (torch's wrappers, as the small all-reduce path assumes,
             # issue from one thread): run it here, without the engine's hand-off and lock, 1-2 us of
             # an all_gather that single copy finishes in 4.
-            self._run(desc, body)
-            return self._engine.completed(result)
+            return self._now(desc, body, result)
 
         def run():
             # On the progress thread, waits use the thread's budgets for this collective only.
@@ -144,6 +157,11 @@ class Collectives:
                     self._placement.set_background(False)
 
         return self._engine.execute(run, result, _is_async(opts), lambda: descriptors.describe(desc))
+
+    def _now(self, desc: int, body, result):
+        """Run ``body()`` as collective ``desc`` here and now (synchronous, nothing queued); its Work."""
+        self._run(desc, body)
+        return self._engine.completed(result)
 
     def _launch_each(self, calls, step, result, opts):
         """A coalesced call: ``step(*args, desc)`` for each (*args, desc) of ``calls``, in order, as one Work."""
@@ -178,10 +196,10 @@ class Collectives:
                         one_shot_count, desc_base, red = plan
                         desc = desc_base | count << descriptors.COUNT_SHIFT
                         if count <= one_shot_count:
-                            self._run(desc, lambda: self._placement.one_shot(tensor, count, red, desc))
-                        else:  # red.finish would do nothing: plans that need it are not admitted
-                            self._run(desc, lambda: self._placement.allreduce(tensor, red, desc))
-                        return self._engine.completed(tensors)
+                            return self._now(desc, lambda: self._placement.one_shot(tensor, count, red, desc),
+                                             tensors)
+                        # red.finish would do nothing: plans that need it are not admitted
+                        return self._now(desc, lambda: self._placement.allreduce(tensor, red, desc), tensors)
         return self._allreduce(tensors, opts)
 
     def _allreduce(self, tensors, opts):
@@ -204,7 +222,7 @@ class Collectives:
     def _admit(self, redop, dtype, red: ops.Reduction) -> None:
         """Let later all-reduces of (redop, dtype) take the fast path, if it can run them."""
         plans = self._planned
-        if plans is None or red.premul or red.as_real or red.int_average:
+        if plans is None or not red.fixed:
             return
         key = (ops.kind_of(redop).value, dtype)
         if key not in plans:
@@ -260,6 +278,19 @@ class Collectives:
         return self._reduce_scatter(output, lambda: torch.cat([t.reshape(-1) for t in inputs]), opts)
 
     def reduce_scatter_single(self, output, input, opts=None):
+        # all_reduce's fast path (see there) for FSDP2's gradient reduce-scatters and tensor-parallel
+        # layers: plain tensors, a contiguous input, a synchronous call, an (op, dtype) met before whose
+        # plan needs nothing per call or after it (``Reduction.fixed``), nothing in flight. Any placement.
+        plans = self._scatters
+        if (plans is not None and type(opts) is _ReduceScatterOptions and not opts.asyncOp and _plain(output)
+                and _plain(input) and input.is_contiguous()):
+            plan = plans.get((hash(opts.reduceOp), output.dtype))
+            count = output.numel()
+            if (plan is not None and input.dtype is output.dtype and input.numel() == count * self._size
+                    and count <= descriptors.COUNT_MAX and not self._engine.busy()):
+                base, red = plan
+                desc = base | count << descriptors.COUNT_SHIFT
+                return self._now(desc, lambda: self._placement.reduce_scatter(output, input, red, desc), [output])
         checks.gathered(input, output, self._size, "reduce_scatter_tensor", "input", "output")
         # Only the input's data is read, so a contiguous one is not flattened (reshape costs a microsecond).
         return self._reduce_scatter(output, lambda: input if input.is_contiguous() else input.contiguous(), opts)
@@ -268,6 +299,10 @@ class Collectives:
         """``stacked()``: a contiguous tensor of every rank's block for ``output``, in rank order."""
         red = self._reductions.plan(_reduce_op(opts), output.dtype, "reduce_scatter")
         desc = descriptors.descriptor(descriptors.REDUCE_SCATTER, red.view(output).numel(), red.dtype.code, red.code)
+        if self._scatters is not None and red.fixed:
+            self._scatters.setdefault((ops.kind_of(_reduce_op(opts)).value, output.dtype),
+                                      (descriptors.descriptor(descriptors.REDUCE_SCATTER, 0, red.dtype.code,
+                                                              red.code), red))
 
         def body():
             self._placement.reduce_scatter(output, stacked(), red, desc)
@@ -293,10 +328,28 @@ class Collectives:
 
     # -- data movement -------------------------------------------------------
 
+    def _movement(self, kind: int, tensor: torch.Tensor, root: int = 0) -> int:
+        """The descriptor of data-movement collective ``kind`` of ``tensor`` (checked); where it counts
+        elements (a named dtype), its fixed part is kept for the fast paths."""
+        count, code = ops.movement(tensor)
+        if code:
+            self._movements.setdefault((kind, tensor.dtype, root), descriptors.descriptor(kind, 0, code, 0, root))
+        return descriptors.descriptor(kind, count, code, 0, root)
+
     def broadcast(self, tensors, opts=None):
+        # all_reduce's fast path (see there): one plain tensor of a (dtype, root) met before, synchronous.
+        if type(opts) is _BroadcastOptions and not opts.asyncOp and type(tensors) is list and len(tensors) == 1:
+            tensor = tensors[0]
+            if _plain(tensor):
+                root = opts.rootRank
+                base = self._movements.get((descriptors.BROADCAST, tensor.dtype, root))
+                count = tensor.numel()
+                if base is not None and count <= descriptors.COUNT_MAX and not self._engine.busy():
+                    desc = base | count << descriptors.COUNT_SHIFT
+                    return self._now(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor])
         tensor = checks.one_tensor(tensors, "broadcast")
         root = checks.root(opts.rootRank if opts is not None else 0, self._size, "broadcast")
-        desc = descriptors.descriptor(descriptors.BROADCAST, *ops.movement(tensor), 0, root)
+        desc = self._movement(descriptors.BROADCAST, tensor, root)
         return self._launch(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor], opts)
 
     def allgather(self, output_lists, input_tensors, opts=None):
@@ -306,8 +359,17 @@ class Collectives:
         return self._launch(desc, lambda: self._placement.allgather(outputs, tensor, desc), output_lists, opts)
 
     def all_gather_single(self, output, input, opts=None):
+        # all_reduce's fast path (see there) for FSDP2's parameter all-gathers and tensor-parallel decode:
+        # plain tensors of a dtype met before, a synchronous call, nothing in flight. Any placement.
+        if type(opts) is _AllgatherOptions and not opts.asyncOp and _plain(input) and _plain(output):
+            base = self._movements.get((descriptors.ALLGATHER, input.dtype, 0))
+            count = input.numel()
+            if (base is not None and output.dtype is input.dtype and output.numel() == count * self._size
+                    and count <= descriptors.COUNT_MAX and not self._engine.busy()):
+                desc = base | count << descriptors.COUNT_SHIFT
+                return self._now(desc, lambda: self._placement.allgather_into(output, input, desc), [output])
         checks.gathered(output, input, self._size, "all_gather_into_tensor", "output", "input")
-        desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(input))
+        desc = self._movement(descriptors.ALLGATHER, input)
         return self._launch(desc, lambda: self._placement.allgather_into(output, input, desc), [output], opts)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):

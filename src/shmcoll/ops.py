@@ -96,6 +96,12 @@ class Reduction(NamedTuple):
     size: int  # ranks in the group
     code: int  # the op the caller asked for, as descriptors name it (so SUM and integer AVG differ)
 
+    @property
+    def fixed(self) -> bool:
+        """Every call of this (op, dtype) runs alike: no factor read from the call (PREMUL_SUM), no real view
+        (complex), nothing after (integer AVG): the plans the fast paths of ``shmcoll.backend`` keep."""
+        return not (self.premul or self.as_real or self.int_average)
+
     def view(self, tensor: torch.Tensor) -> torch.Tensor:
         """The tensor the kernels reduce: ``tensor``, or its real view if it is complex."""
         return torch.view_as_real(tensor) if self.as_real else tensor
