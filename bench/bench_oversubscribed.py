@@ -1,0 +1,78 @@
+"""More ranks than cores: how a collective's time follows where the kernel put the ranks.
+
+    torchrun --nproc_per_node=4 bench/bench_oversubscribed.py [--ops broadcast,all_gather_into_tensor]
+        [--bytes 256K] [--rounds 16] [--iters 1000]
+
+With 4 ranks on 2 cores, two ranks share a core when the load is even; the kernel
+sometimes leaves three on one core for tens of milliseconds (it does not move a task
+that ran in the last half millisecond, and a rank that waits by yielding always has),
+and a collective then takes the time of the crowded core. This prints, per round of
+``--iters`` calls, each rank's time per call and the CPU it ran on at the start and at
+the end of the round (``/proc/self/stat``), then the median per placement (the ranks'
+CPUs, e.g. ``0 1 1 0``): what explains a benchmark of 0.1 s rounds (the README main job)
+that moves from run to run by more than its other noise. The sweep's calls and sizes
+(``shmcoll.bench.cases``: all_gather's output, reduce_scatter's input).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from shmcoll.bench.cases import OpCase, counts_for
+from shmcoll.bench.sweep import parse_bytes
+
+
+def cpu() -> int:
+    """The CPU this process last ran on (field 39 of /proc/self/stat)."""
+    with open("/proc/self/stat") as f:
+        return int(f.read().rpartition(")")[2].split()[36])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default="broadcast,all_gather_into_tensor")
+    parser.add_argument("--bytes", default="256K")
+    parser.add_argument("--rounds", type=int, default=16)
+    parser.add_argument("--iters", type=int, default=1000)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("shm")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    nbytes = parse_bytes(args.bytes)
+    for op in args.ops.split(","):
+        case = OpCase(op, counts_for(op, nbytes, 4, world), torch.float32, world, rank)
+        call = case.fn(None, *case.alloc())
+        for _ in range(max(50, args.iters // 4)):
+            call()
+        rows = []
+        for _ in range(args.rounds):
+            dist.barrier()
+            start, t0 = cpu(), time.perf_counter()
+            for _ in range(args.iters):
+                call()
+            rows.append(((time.perf_counter() - t0) / args.iters * 1e6, start, cpu()))
+        everyone = [None] * world
+        dist.all_gather_object(everyone, rows)
+        if rank == 0:
+            print(f"\n{op}, {nbytes} bytes, {world} ranks: us per call (rank: cpu at start->end)")
+            by_placement = collections.defaultdict(list)
+            for i in range(args.rounds):
+                slowest = max(everyone[r][i][0] for r in range(world))
+                cells = "  ".join(f"{everyone[r][i][0]:6.1f} (cpu{everyone[r][i][1]}->{everyone[r][i][2]})"
+                                  for r in range(world))
+                print(f"round {i:2d}: {cells}")
+                if all(everyone[r][i][1] == everyone[r][i][2] for r in range(world)):  # no rank moved
+                    by_placement[" ".join(str(everyone[r][i][1]) for r in range(world))].append(slowest)
+            print("median of the slowest rank per placement (rounds in which no rank moved):")
+            for placement, times in sorted(by_placement.items(), key=lambda kv: statistics.median(kv[1])):
+                print(f"  cpus {placement}: {statistics.median(times):6.1f} us over {len(times)} round(s)")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
