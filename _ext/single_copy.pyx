@@ -373,6 +373,34 @@ cdef class SingleCopy:
                 return 2
         return _DONE
 
+    def reduce(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize, int root,
+               uintptr_t kernel, int64_t op, double scale, Py_ssize_t resume):
+        """Reduce every rank's ``count`` elements at ``addr`` into the root's, in place, in rank order.
+
+        base + 1: our input's address; the root reads every input piece by piece (``_reduce_blocks``
+        over the whole buffer) while the others wait; base + 2: the root is done reading.
+        """
+        cdef Py_ssize_t status
+        with nogil:
+            status = self._reduce(base, desc, addr, count, itemsize, root, <kernel_t>kernel, op, scale, resume)
+        return status
+
+    cdef Py_ssize_t _reduce(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize,
+                            int root, kernel_t kernel, int64_t op, double scale, Py_ssize_t resume) noexcept nogil:
+        if self.me == root:
+            # In place is safe: each piece of ours is copied to scratch before its result is written, and
+            # nobody reads the root's buffer.
+            return self._reduce_blocks(base, desc, addr, 0, count, itemsize, <char *>addr, kernel, op, scale,
+                                       resume)
+        cdef Py_ssize_t status = self._open(base, desc, addr, resume)
+        if status != _ON:
+            return status
+        if resume < 1:
+            self._post_step(base + 2, desc)
+            if not self._wait_all(base + 2):
+                return 1
+        return _DONE
+
     cdef Py_ssize_t _reduce_blocks(self, uint32_t base, uint64_t desc, uintptr_t buffer, Py_ssize_t offset,
                                    Py_ssize_t count, int itemsize, char *out, kernel_t kernel, int64_t op,
                                    double scale, Py_ssize_t resume) noexcept nogil:

@@ -8,7 +8,7 @@ arena), and their calls alternate round by round, so that a machine whose
 speed drifts (a shared VM can run twice as slow for minutes) weighs on both
 alike; separate jobs per path cannot show which is faster there. Prints, per
 collective and size (nccl-tests sizes: all_gather's output, reduce_scatter's
-input; gather's and scatter's block per rank, all_to_all_single's input per rank), the median over rounds of rank 0's time per call for each path and
+input; reduce's input per rank, gather's and scatter's block per rank, all_to_all_single's input per rank), the median over rounds of rank 0's time per call for each path and
 their ratio, and the read cost the probe measured (``single_copy.read_cost``),
 which decides the default (``placement.node.single_copy_spans``).
 """
@@ -27,16 +27,20 @@ from shmcoll.bench.report import SHORT_OP
 from shmcoll.bench.sweep import parse_bytes
 
 
-ROOTED = ("gather", "scatter", "all_to_all_single")  # beside the sweep's ops (shmcoll.bench.cases.ALL_OPS)
+ROOTED = ("reduce", "gather", "scatter", "all_to_all_single")  # beside the sweep's ops (shmcoll.bench.cases.ALL_OPS)
 
 
 def collective(op: str, nbytes: int, group, world: int, rank: int):
     """The call of ``op`` at ``nbytes`` on ``group``, float32: the sweep's case (nccl-tests sizes), or for
-    gather and scatter ``nbytes`` per rank's block, for all_to_all_single ``nbytes`` of input per rank."""
+    reduce ``nbytes`` per rank, for gather and scatter ``nbytes`` per rank's block, for all_to_all_single
+    ``nbytes`` of input per rank."""
     if op not in ROOTED:
         case = OpCase(op, counts_for(op, nbytes, 4, world), torch.float32, world, rank)
         return case.fn(group, *case.alloc())
     count = max(1, nbytes // 4)
+    if op == "reduce":
+        tensor = torch.ones(count)
+        return lambda: dist.reduce(tensor, dst=0, group=group)
     if op == "gather":
         block, blocks = torch.ones(count), [torch.empty(count) for _ in range(world)] if rank == 0 else None
         return lambda: dist.gather(block, blocks, dst=0, group=group)

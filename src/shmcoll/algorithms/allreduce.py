@@ -33,9 +33,14 @@ def reduce_scatter_allgather(arena, addr: int, count: int, itemsize: int, kernel
                                                                            op, scale, root, resume))
 
 
-def single_copy(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float, desc: int) -> None:
+def single_copy(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float, desc: int,
+                root: int | None = None) -> None:
     """All-reduce in place, each rank reading its share of the others' buffers and then the others' shares
-    where they are (``_single_copy``): the same kernel in the same rank order, so the same bits."""
+    where they are (``_single_copy``): the same kernel in the same rank order, so the same bits. With
+    ``root``: a reduce, the root reading every buffer whole."""
     sc = arena.single_copy
+    if root is not None:
+        return schedule.run(arena, sc, desc, lambda base, resume: sc.reduce(base, desc, addr, count, itemsize, root,
+                                                                             kernel, op, scale, resume))
     schedule.run(arena, sc, desc, lambda base, resume: sc.allreduce(base, desc, addr, count, itemsize, kernel, op,
                                                                      scale, resume))

@@ -26,11 +26,11 @@ SINGLE_COPY_SPANS = {
     "all_gather": (16 << 10, None), "reduce_scatter": (16 << 10, None),
     "broadcast": (8 << 10, 1 << 20), "all_reduce": (2 << 20, 32 << 20),
 }
-# Everything that has a single-copy path. gather, scatter, all_to_all and point_to_point have no measured span
+# Everything that has a single-copy path. reduce, gather, scatter, all_to_all and point_to_point have no measured span
 # (no machine where reads are cheap was at hand when they were written: ``bench/bench_single_copy.py``
 # measures them), so they read directly only where SHMCOLL_SINGLE_COPY=1 forces it. all_to_all never
 # has a span by size: its ranks' sizes differ, and its path must be the same on every rank.
-SINGLE_COPY_KINDS = (*SINGLE_COPY_SPANS, "gather", "scatter", "all_to_all", "point_to_point")
+SINGLE_COPY_KINDS = (*SINGLE_COPY_SPANS, "reduce", "gather", "scatter", "all_to_all", "point_to_point")
 # Single copy pays only where the kernel's read of a peer is cheap: it saves one or two copies (into the
 # arena and out of it) per byte and reads once instead. On the Intel VM whose spans these are, a 256 KiB
 # broadcast took 16 us by a read against 24 us by two copies (about one copy per read, judged from those
@@ -160,9 +160,9 @@ class OneNode(OnArena):
         """All-reduce (or reduce to ``root``) the contiguous ``work`` in place, chunked, over the lanes its
         size calls for."""
         addr, itemsize = work.data_ptr(), work.element_size()
-        if root is None and self._single_copy("all_reduce", work.numel() * itemsize):
+        if self._single_copy("all_reduce" if root is None else "reduce", work.numel() * itemsize):
             return allreduce.single_copy(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
-                                         red.scale, desc)
+                                         red.scale, desc, root)
         self._over_lanes(desc, work.numel(), itemsize, lambda steps, lo, hi: allreduce.reduce_scatter_allgather(
             steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale, desc, root=root))
 
