@@ -3,6 +3,9 @@
 ``TEST_FAIL_ATTACH=1,3``: the listed ranks (``$RANK``, the default group's) fail to map their node's
 arena, as if the creator's /proc/PID/fd were out of reach, and so run as nodes of their own; a listed
 creator fails to create it, which is an error on every rank (shmcoll.node_arena).
+
+``TEST_READ_COST=1.0``: the single-copy probe finds that a read of a peer costs that many copies, on every
+rank, so that the default mode picks its spans by it whatever this machine's reads cost (shmcoll.single_copy).
 """
 from __future__ import annotations
 
@@ -14,6 +17,11 @@ def install_from_environment() -> None:
     listed = {int(r) for r in os.environ.get("TEST_FAIL_ATTACH", "").split(",") if r.strip()}
     if int(os.environ.get("RANK", "-1")) in listed:
         _fail_attach(int(os.environ["RANK"]))
+    if os.environ.get("TEST_READ_COST"):
+        from shmcoll import single_copy
+
+        cost = float(os.environ["TEST_READ_COST"])
+        single_copy.read_cost = lambda pid, address: cost
 
 
 def _fail_attach(me: int) -> None:

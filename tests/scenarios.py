@@ -177,6 +177,39 @@ def data_movement(cases, big: str = "300001"):
     cases.run("barrier", check_barrier, rank, world)
 
 
+def around_spans(cases):
+    """Every collective with a measured single-copy span (placement.node.SINGLE_COPY_SPANS), at each edge of it
+    and one element either side, float32 and bfloat16, against local references: in the default mode the
+    path changes at those sizes (tests/test_single_copy.py makes the probe find cheap reads)."""
+    from shmcoll.placement.node import SINGLE_COPY_SPANS
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for kind, span in SINGLE_COPY_SPANS.items():
+        for edge in [e for e in span if e is not None]:
+            for dtype in (torch.float32, torch.bfloat16):
+                itemsize = torch.tensor([], dtype=dtype).element_size()
+                for count in (edge // itemsize - 1, edge // itemsize, edge // itemsize + 1):
+                    case = f"{kind}/{str(dtype)[6:]}/n={count}"
+                    cases.run(case, _at_a_span_edge, kind, case, rank, world, dtype, count)
+
+
+def _at_a_span_edge(kind, case, rank, world, dtype, count):
+    """One call of ``kind`` whose per-rank size (what the span is of) is ``count`` elements."""
+    if kind == "all_gather":
+        return check_all_gather_into_tensor(case, rank, world, dtype, count)
+    if kind == "broadcast":
+        return check_broadcast(case, rank, world - 1, dtype, count)
+    if kind == "all_reduce":
+        inputs = [make_input(case, r, dtype, count) for r in range(world)]
+        tensor = inputs[rank].clone()
+        dist.all_reduce(tensor)
+        return _equal(tensor, reference_reduce(inputs, "sum", dtype), "all_reduce")
+    inputs = [make_input(case, r, dtype, count * world) for r in range(world)]  # reduce_scatter
+    out = torch.zeros(count, dtype=dtype)
+    dist.reduce_scatter_tensor(out, inputs[rank].clone())
+    _equal(out, reference_reduce(inputs, "sum", dtype)[rank * count:(rank + 1) * count], "reduce_scatter_tensor")
+
+
 def check_barrier(rank, world):
     """Three barriers; after each, every rank's arrival file (written just before it) must exist."""
     folder = os.path.dirname(os.environ["SHMCOLL_TEST_REPORT"])

@@ -54,6 +54,18 @@ def test_where_a_read_costs_two_copies_the_copy_path_is_kept():
     assert single_copy_spans(Verdict(None, 9.0), "1") == {kind: (0, None) for kind in SINGLE_COPY_KINDS}
 
 
+def test_where_reads_are_cheap_each_size_takes_its_path():
+    """The default mode on a node whose reads cost one copy (the probe's answer set by a test hook): each
+    collective with a span changes path at its edges, each size on every rank alike, and every result is
+    right on both sides."""
+    result = spawn("tests.scenarios:around_spans", 3, timeout=300,
+                   env={"TEST_READ_COST": "1.0", "SHMCOLL_LOG_LEVEL": "INFO"})
+    edges = sum(len([e for e in span if e is not None]) for span in SINGLE_COPY_SPANS.values())
+    assert_job_passes(result, min_cases=edges * 2 * 3)
+    assert "single copy: a read costs 1.00 copies here; all_gather from 16 KiB" in result.outputs[0], \
+        result.outputs[0]
+
+
 def test_the_node_measures_what_a_read_costs_and_chooses_by_it():
     """In the default mode the group's summary gives the cost its ranks measured, and single copy is used
     where the rule gives it for that cost; the matrix passes on the paths chosen."""
