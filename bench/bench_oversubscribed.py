@@ -1,7 +1,9 @@
 """More ranks than cores: how a collective's time follows where the kernel put the ranks.
 
     torchrun --nproc_per_node=4 bench/bench_oversubscribed.py [--ops broadcast,all_gather_into_tensor]
-        [--bytes 256K] [--rounds 16] [--iters 1000]
+        [--bytes 256K] [--rounds 16] [--iters 1000] [--pin]
+    mpirun -n 4 --oversubscribe --bind-to none --mca btl self,sm \
+        .venv/bin/python bench/bench_oversubscribed.py --mpi      # the same calls on Open MPI
 
 With 4 ranks on 2 cores, two ranks share a core when the load is even; the kernel
 sometimes leaves three on one core for tens of milliseconds (it does not move a task
@@ -10,19 +12,22 @@ and a collective then takes the time of the crowded core. This prints, per round
 ``--iters`` calls, each rank's time per call and the CPU it ran on at the start and at
 the end of the round (``/proc/self/stat``), then the median per placement (the ranks'
 CPUs, e.g. ``0 1 1 0``): what explains a benchmark of 0.1 s rounds (the README main job)
-that moves from run to run by more than its other noise. The sweep's calls and sizes
-(``shmcoll.bench.cases``: all_gather's output, reduce_scatter's input).
+that moves from run to run by more than its other noise. The sweeps' calls and sizes
+(``shmcoll.bench.cases``: all_gather's output, reduce_scatter's input; ``shmcoll.bench.mpi``
+for Open MPI's). ``--pin``: the sweeps' pinning (``shmcoll.bench.timing.pin``).
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
+from shmcoll.bench import mpi, timing
 from shmcoll.bench.cases import OpCase, counts_for
 from shmcoll.bench.sweep import parse_bytes
 
@@ -33,33 +38,82 @@ def cpu() -> int:
         return int(f.read().rpartition(")")[2].split()[36])
 
 
+class Torch:
+    """The calls and the control plane on the default torch.distributed group (shm)."""
+
+    def __init__(self):
+        dist.init_process_group("shm")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def call(self, op: str, nbytes: int):
+        case = OpCase(op, counts_for(op, nbytes, 4, self.world), torch.float32, self.world, self.rank)
+        return case.fn(None, *case.alloc())
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def gather(self, rows):
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, rows)
+        return everyone
+
+    def close(self) -> None:
+        dist.destroy_process_group()
+
+
+class Mpi:
+    """The same on MPI_COMM_WORLD (run under mpirun)."""
+
+    def __init__(self):
+        from mpi4py import MPI
+
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
+
+    def call(self, op: str, nbytes: int):
+        case = OpCase(op, counts_for(op, nbytes, 4, self.world), torch.float32, self.world, self.rank)
+        return mpi.op_call(self.comm, op, *mpi.buffers(case))
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def gather(self, rows):
+        return self.comm.allgather(rows)
+
+    def close(self) -> None:
+        pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", default="broadcast,all_gather_into_tensor")
     parser.add_argument("--bytes", default="256K")
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--iters", type=int, default=1000)
+    parser.add_argument("--mpi", action="store_true", help="Open MPI through mpi4py (start under mpirun)")
+    parser.add_argument("--pin", action="store_true", help="pin local rank r to CPU r mod (CPUs)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("shm")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.pin:
+        timing.pin(int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))))
+    group = Mpi() if args.mpi else Torch()
+    rank, world = group.rank, group.world
     nbytes = parse_bytes(args.bytes)
     for op in args.ops.split(","):
-        case = OpCase(op, counts_for(op, nbytes, 4, world), torch.float32, world, rank)
-        call = case.fn(None, *case.alloc())
+        call = group.call(op, nbytes)
         for _ in range(max(50, args.iters // 4)):
             call()
         rows = []
         for _ in range(args.rounds):
-            dist.barrier()
+            group.barrier()
             start, t0 = cpu(), time.perf_counter()
             for _ in range(args.iters):
                 call()
             rows.append(((time.perf_counter() - t0) / args.iters * 1e6, start, cpu()))
-        everyone = [None] * world
-        dist.all_gather_object(everyone, rows)
+        everyone = group.gather(rows)
         if rank == 0:
-            print(f"\n{op}, {nbytes} bytes, {world} ranks: us per call (rank: cpu at start->end)")
+            print(f"\n{'Open MPI' if args.mpi else 'shm'} {op}, {nbytes} bytes, {world} ranks: us per call "
+                  f"(rank: cpu at start->end)")
             by_placement = collections.defaultdict(list)
             for i in range(args.rounds):
                 slowest = max(everyone[r][i][0] for r in range(world))
@@ -71,7 +125,7 @@ def main() -> None:
             print("median of the slowest rank per placement (rounds in which no rank moved):")
             for placement, times in sorted(by_placement.items(), key=lambda kv: statistics.median(kv[1])):
                 print(f"  cpus {placement}: {statistics.median(times):6.1f} us over {len(times)} round(s)")
-    dist.destroy_process_group()
+    group.close()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@ NPROC=${NPROC:-2}
 mkdir -p results
 # The settings of BENCHMARKS.md: sizes 8 B..64 MiB in x8 steps, 3 interleaved rounds of 0.1 s (~2 min).
 SETTINGS=(--step 8 --rounds 3 --iters-time 0.1)
+# Ranks are not pinned (torchrun and Open MPI's default with more ranks than cores do not pin): with
+# more ranks than CPUs the kernel decides which share a core, which moves a 256 KiB all_gather at 4
+# ranks on 2 cores between 35 and 65 us from run to run, shm and Open MPI alike
+# (bench/bench_oversubscribed.py). `--pin` pins local rank r to CPU r mod (CPUs) in both sweeps.
 .venv/bin/torchrun --nproc_per_node="$NPROC" bench/sweep.py "${SETTINGS[@]}" \
     --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast \
     --json "results/sweep-${NPROC}ranks.json" "$@"

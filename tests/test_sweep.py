@@ -23,8 +23,10 @@ def run_sweep(module_or_script: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_sweep_reports_every_point(tmp_path):
     document = tmp_path / "sweep.json"
-    done = run_sweep("shmcoll.bench.sweep", "--json", str(document))
+    done = run_sweep("shmcoll.bench.sweep", "--json", str(document), "--pin")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(document.read_text())["config"]["pinned"] is True
+    assert "local rank r pinned to CPU r mod (CPUs)" in done.stdout
     rows = json.loads(document.read_text())["rows"]
     ops = {row["op"] for row in rows}
     assert ops == {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast"}

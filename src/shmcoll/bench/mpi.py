@@ -26,7 +26,8 @@ Ops: all_reduce = Allreduce(IN_PLACE) (in place, as torch's all_reduce), all_gat
 = Allgather, reduce_scatter_tensor = Reduce_scatter_block, broadcast = Bcast (root 0).  Dtypes:
 MPI has no bfloat16 or float16 datatype, so those points are "n/a" (float32 is measured; for
 Allgather and Bcast, which only move bytes, bfloat16 would cost what float32 costs at the same
-bytes).  Open MPI is started with ``--bind-to none`` (torchrun does not pin either) and
+bytes).  Open MPI is started with ``--bind-to none`` (torchrun does not pin either; ``--pin`` pins
+each rank itself, as the torch sweep does) and
 ``--mca btl self,sm`` (shared-memory transport between local ranks); as root it needs
 OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1, which the self-launch sets.
 
@@ -98,8 +99,9 @@ def launch_command(nproc: int, sweep_args: list[str], single_copy: bool = True) 
     argv = [mpirun, "-n", str(nproc)]
     major = open_mpi_major(mpirun)
     if major is not None:
-        # More ranks than cores is allowed (torchrun allows it too); no pinning, as with
-        # torchrun; local ranks talk through shared memory ("sm", called "vader" before 5.0).
+        # More ranks than cores is allowed (torchrun allows it too); mpirun binds nothing, as
+        # torchrun (--pin pins in each rank, as the torch sweep does); local ranks talk through
+        # shared memory ("sm", called "vader" before 5.0).
         argv += ["--oversubscribe", "--bind-to", "none",
                  "--mca", "btl", "self,sm" if major >= 5 else "self,vader"]
         if not single_copy:
@@ -211,6 +213,8 @@ def measure(args) -> int:
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
+    if args.pin:  # one node: the MPI rank is the local rank
+        timing.pin(comm.Get_rank())
     ctrl = MpiCtrl(comm.Dup())
     rank, world = comm.Get_rank(), comm.Get_size()
     out = sys.stdout
@@ -222,7 +226,7 @@ def measure(args) -> int:
         out.write("# MPI sweep (mpi4py, numpy buffers)\n\n")
         out.write(f"- {library}; mpi4py {__import__('mpi4py').__version__}; world size {world}\n")
         out.write(f"- method: {args.rounds} rounds of ~{args.iters_time:g} s; latency = median over "
-                  f"rounds of the slowest rank's time per call; bytes = nccl-tests size\n")
+                  f"rounds of the slowest rank's time per call; bytes = nccl-tests size{report.pinning(args)}\n")
         out.write("- MPI has no bfloat16/float16 datatype: those points are n/a\n\n")
         out.flush()
 
@@ -280,7 +284,7 @@ def measure(args) -> int:
                     "backends": [args.label], "ops": args.op_list,
                     "dtypes": [report.dtype_name(d) for d in args.dtype_list], "sizes": args.sizes,
                     "iters_time_s": args.iters_time, "rounds": args.rounds, "warmup": args.warmup,
-                    "quick": args.quick, "checked": True, **report.CONVENTIONS,
+                    "quick": args.quick, "checked": True, "pinned": args.pin, **report.CONVENTIONS,
                 },
                 "mpi": {
                     "library": library, "mpi4py": __import__("mpi4py").__version__,

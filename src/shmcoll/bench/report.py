@@ -167,6 +167,11 @@ def machine_info(world: int) -> dict:
     }
 
 
+def pinning(args) -> str:
+    """The method line's words on ``--pin`` (shmcoll.bench.timing.pin)."""
+    return "; local rank r pinned to CPU r mod (CPUs)" if args.pin else ""
+
+
 def write_header(out, machine: dict, labels: list[str], args, memcpy: list, memcpy_gbps: float) -> None:
     """The torch sweep's preamble: machine, backends, method and the memcpy ceiling."""
     m, world = machine, machine["world_size"]
@@ -181,7 +186,7 @@ def write_header(out, machine: dict, labels: list[str], args, memcpy: list, memc
               + "; bookkeeping on a separate gloo group\n")
     out.write(f"- method: {args.rounds} interleaved rounds per backend of ~{args.iters_time:g} s; "
               f"latency = median over rounds of the slowest rank's time per call; "
-              f"bytes = nccl-tests size (all_gather: output, reduce_scatter: input)\n")
+              f"bytes = nccl-tests size (all_gather: output, reduce_scatter: input){pinning(args)}\n")
     out.write(f"- memcpy ceiling (torch copy_, {args.threads} thread(s), {fmt_bytes(args.memcpy_bytes)}, "
               f"all {world} ranks at once): {memcpy_gbps:.2f} GB/s per rank, mean "
               f"(ranks: {', '.join(f'{v:.2f}' for v in memcpy)}; sum {sum(memcpy):.2f})\n\n")
@@ -230,7 +235,7 @@ def document(args, machine: dict, labels: list[str], reference: str, memcpy: lis
             "default_backend": args.backend_names[0], "reference_backend": reference,
             "ops": args.op_list, "dtypes": [dtype_name(d) for d in args.dtype_list],
             "sizes": args.sizes, "iters_time_s": args.iters_time, "rounds": args.rounds,
-            "warmup": args.warmup, "quick": args.quick, "checked": not args.no_check,
+            "warmup": args.warmup, "quick": args.quick, "checked": not args.no_check, "pinned": args.pin,
             **CONVENTIONS,
         },
         "memcpy_gbps": memcpy_gbps,

@@ -13,11 +13,26 @@ call (shmcoll.bench.report.measured).
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 
 MAX_ITERS = 1_000_000
+
+
+def pin(local_rank: int) -> int:
+    """Pin this process (and the threads it starts later) to one CPU of its affinity mask, the
+    ``local_rank``-th modulo their number, and return that CPU (``--pin``).
+
+    With more ranks than CPUs the kernel decides which ranks share a core, and changes its mind
+    from run to run and within a run: 4 ranks on 2 cores take 32-45 us for a 256 KiB all_gather
+    two to a core and 55-67 us with three on one, shm and Open MPI alike
+    (``bench/bench_oversubscribed.py``). Pinned the same way, both sweeps share cores alike."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[local_rank % len(cpus)]
+    os.sched_setaffinity(0, {cpu})
+    return cpu
 
 
 def run_calls(fn, iters: int) -> float:
