@@ -213,7 +213,8 @@ cdef class SingleCopy:
     def gather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root, uintptr_t outs,
                Py_ssize_t resume):
         """Every rank's ``nbytes`` at ``addr`` to ``outs[rank]`` on ``root`` (``outs``: an array of one
-        address per rank, read on the root only).
+        address per rank, read on the root only); ``root`` -1: on every rank (an all_gather into separate
+        outputs, none of which may overlap the input but the own one exactly).
 
         base + 1: our input's address; every rank checks the others are in this gather; the root reads
         every input; base + 2: the root is done reading, which every rank waits for.
@@ -230,8 +231,8 @@ cdef class SingleCopy:
         if status != _ON:
             return status
         if resume < 1:
-            if me == root:
-                if outs[me] != addr:  # first: an output may overlap our input, which nobody else reads
+            if me == root or root < 0:
+                if outs[me] != addr:  # first: a lone root's output may overlap its input, which nobody reads
                     memcpy(<char *>outs[me], <char *>addr, nbytes)
                 for peer in range(self.size):
                     if peer != me:

@@ -727,6 +727,29 @@ def in_place_overlap(cases):
             _equal(out, torch.cat([make_input(case, r, torch.float32, count) for r in range(world)]), case)
 
         cases.run(case, gather_in_place)
+        case = f"overlap/all_gather_into_tensor/another_block/n={count}"
+
+        def gather_from_another_block():
+            # The input is the next rank's block of the output: the writes of that block must not reach the
+            # input before every peer has it.
+            out = torch.zeros(world * count)
+            theirs = (rank + 1) % world
+            out[theirs * count:(theirs + 1) * count] = make_input(case, rank, torch.float32, count)
+            dist.all_gather_into_tensor(out, out[theirs * count:(theirs + 1) * count])
+            _equal(out, torch.cat([make_input(case, r, torch.float32, count) for r in range(world)]), case)
+
+        cases.run(case, gather_from_another_block)
+        case = f"overlap/all_gather/input_is_an_output/n={count}"
+
+        def gather_list_into_its_input():
+            # The input is also the output for the last rank's block (a list all_gather).
+            source = make_input(case, rank, torch.float32, count)
+            outs = [torch.zeros(count) for _ in range(world - 1)] + [source]
+            dist.all_gather(outs, source)
+            for r in range(world):
+                _equal(outs[r], make_input(case, r, torch.float32, count), f"{case} slot {r}")
+
+        cases.run(case, gather_list_into_its_input)
         # Output inside the input on every rank, then only on the even ones: a path on which the peers read a
         # rank's input must not let that rank's output overwrite it first, and must be every rank's, though
         # only some overlap.

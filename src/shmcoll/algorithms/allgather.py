@@ -6,7 +6,7 @@ does a consumer that reads the slots where they are (``allgather_windows``:
 the sparse all_reduce merges the ranks' values out of shared memory).
 """
 from shmcoll._copy import copy
-from shmcoll.algorithms import schedule
+from shmcoll.algorithms import gather, schedule
 from shmcoll.errors import ShmcollError
 
 
@@ -60,3 +60,9 @@ def single_copy(arena, addr: int, nbytes: int, out: int, stride: int, desc: int)
     """As ``allgather_strided``, each rank reading the others' inputs where they are (``_single_copy``)."""
     sc = arena.single_copy
     schedule.run(arena, sc, desc, lambda base, resume: sc.allgather(base, desc, addr, nbytes, out, stride, resume))
+
+
+def single_copy_each(arena, addr: int, nbytes: int, outputs, desc: int) -> None:
+    """As ``allgather`` into one address per local rank, each rank reading the others' inputs where they are:
+    single copy's gather with every rank a root."""
+    gather.single_copy(arena, addr, nbytes, gather.EVERY_RANK, outputs, desc)

@@ -4,6 +4,9 @@ import numpy as np
 from shmcoll._copy import copy
 from shmcoll.algorithms import schedule
 
+# A root that names every rank: each gathers every input (single copy's all_gather into separate outputs).
+EVERY_RANK = -1
+
 
 def gather(arena, addr: int, nbytes: int, root: int, outputs, desc: int) -> None:
     """On ``root``, ``outputs`` holds one address per local rank; elsewhere it is ignored."""
@@ -23,8 +26,9 @@ def gather(arena, addr: int, nbytes: int, root: int, outputs, desc: int) -> None
 
 
 def single_copy(arena, addr: int, nbytes: int, root: int, outputs, desc: int) -> None:
-    """As ``gather``, the root reading every input where it is (``_single_copy``)."""
+    """As ``gather``, the root (or every rank: ``EVERY_RANK``) reading every input where it is
+    (``_single_copy``)."""
     sc = arena.single_copy
-    outs = np.array(outputs if arena.local_rank == root else [], dtype=np.uint64)
+    outs = np.array(outputs if root in (arena.local_rank, EVERY_RANK) else [], dtype=np.uint64)
     schedule.run(arena, sc, desc, lambda base, resume: sc.gather(base, desc, addr, nbytes, root, outs.ctypes.data,
                                                                  resume))

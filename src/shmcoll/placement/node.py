@@ -203,7 +203,14 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         source = input.contiguous()
         targets = [staged_empty(out) for out in outputs]
-        allgather.allgather(self.arena, source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets], desc)
+        if self._single_copy("all_gather", source.nbytes):
+            # Our own output may be the input itself (in place): the schedule leaves it alone.
+            own = targets[self.arena.local_rank]
+            source, = _apart([source], [t for t in targets if t is not own or t.data_ptr() != source.data_ptr()])
+            allgather.single_copy_each(self.arena, source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets],
+                                       desc)
+        else:
+            allgather.allgather(self.arena, source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets], desc)
         for out, target in zip(outputs, targets):
             unstage(out, target)
 
@@ -215,6 +222,9 @@ class OneNode(OnArena):
         target = staged_empty(output)
         addr, out = source.data_ptr(), target.data_ptr()
         if self._single_copy("all_gather", nbytes):
+            if addr != out + self.arena.local_rank * nbytes:  # in place (our block) the schedule leaves alone
+                source, = _apart([source], [target])
+                addr = source.data_ptr()
             allgather.single_copy(self.arena, addr, nbytes, out, nbytes, desc)
             return unstage(output, target)
         self._over_lanes(desc, nbytes, 1, lambda steps, lo, hi: allgather.allgather_strided(
