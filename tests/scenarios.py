@@ -718,27 +718,19 @@ def in_place_overlap(cases):
     rank or on some: a correct result."""
     rank, world = dist.get_rank(), dist.get_world_size()
     for count in (1, 7, 5003):
-        case = f"overlap/all_gather_into_tensor/n={count}"
+        for block in ("own", "another"):
+            case = f"overlap/all_gather_into_tensor/{block}_block/n={count}"
 
-        def gather_in_place():
-            out = torch.zeros(world * count)
-            out[rank * count:(rank + 1) * count] = make_input(case, rank, torch.float32, count)
-            dist.all_gather_into_tensor(out, out[rank * count:(rank + 1) * count])
-            _equal(out, torch.cat([make_input(case, r, torch.float32, count) for r in range(world)]), case)
+            def gather_from_a_block():
+                # The input is a block of the output: this rank's own (FSDP's in-place form), or the next
+                # rank's, whose writes must not reach the input before every peer has read it.
+                at = rank if block == "own" else (rank + 1) % world
+                out = torch.zeros(world * count)
+                out[at * count:(at + 1) * count] = make_input(case, rank, torch.float32, count)
+                dist.all_gather_into_tensor(out, out[at * count:(at + 1) * count])
+                _equal(out, torch.cat([make_input(case, r, torch.float32, count) for r in range(world)]), case)
 
-        cases.run(case, gather_in_place)
-        case = f"overlap/all_gather_into_tensor/another_block/n={count}"
-
-        def gather_from_another_block():
-            # The input is the next rank's block of the output: the writes of that block must not reach the
-            # input before every peer has it.
-            out = torch.zeros(world * count)
-            theirs = (rank + 1) % world
-            out[theirs * count:(theirs + 1) * count] = make_input(case, rank, torch.float32, count)
-            dist.all_gather_into_tensor(out, out[theirs * count:(theirs + 1) * count])
-            _equal(out, torch.cat([make_input(case, r, torch.float32, count) for r in range(world)]), case)
-
-        cases.run(case, gather_from_another_block)
+            cases.run(case, gather_from_a_block)
         case = f"overlap/all_gather/input_is_an_output/n={count}"
 
         def gather_list_into_its_input():
