@@ -328,7 +328,8 @@ cdef class SingleCopy:
                        Py_ssize_t block_stride, int itemsize, uintptr_t out, uintptr_t kernel, int64_t op,
                        double scale, Py_ssize_t resume):
         """Block r of every rank's input (L blocks of ``block_count`` elements, ``block_stride`` apart, at
-        ``addr``), reduced in rank order, into rank r's ``out`` (which must not overlap the input).
+        ``addr``), reduced in rank order, into rank r's ``out`` (which must not overlap the input, but may be
+        exactly block r: only rank r reads it, and each piece is copied to scratch before its result lands).
 
         base + 1: our input's address; piece by piece, each peer's part of our block is read into a
         row of our scratch and the rows reduced into ``out``; base + 2: done reading.

@@ -742,17 +742,19 @@ def in_place_overlap(cases):
                 _equal(outs[r], make_input(case, r, torch.float32, count), f"{case} slot {r}")
 
         cases.run(case, gather_list_into_its_input)
-        # Output inside the input on every rank, then only on the even ones: a path on which the peers read a
-        # rank's input must not let that rank's output overwrite it first, and must be every rank's, though
-        # only some overlap.
-        for ranks in ("every", "even"):
-            case = f"overlap/reduce_scatter_tensor/{ranks}_ranks/n={count}"
+        # Output inside the input: its own block on every rank, then only on the even ones, then the next
+        # rank's block (which that rank reads) on every rank. A path on which the peers read a rank's input
+        # must not let that rank's output overwrite it first, and must be every rank's, though only some
+        # overlap.
+        for layout in ("every_ranks", "even_ranks", "next_block"):
+            case = f"overlap/reduce_scatter_tensor/{layout}/n={count}"
 
             def scatter_in_place():
                 inputs = [make_input(case, r, torch.float32, world * count) for r in range(world)]
                 buf = inputs[rank].clone()
-                inside = ranks == "every" or rank % 2 == 0
-                out = buf[rank * count:(rank + 1) * count] if inside else torch.zeros(count)
+                inside = layout != "even_ranks" or rank % 2 == 0
+                at = (rank + 1) % world if layout == "next_block" else rank
+                out = buf[at * count:(at + 1) * count] if inside else torch.zeros(count)
                 dist.reduce_scatter_tensor(out, buf)
                 _equal(out, reference_reduce(inputs, "sum", torch.float32)[rank * count:(rank + 1) * count], case)
 

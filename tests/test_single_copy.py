@@ -11,7 +11,7 @@ from tests.harness import assert_job_passes, spawn
 # 600001 elements: past every span of placement.node.SINGLE_COPY_SPANS for 4-byte types but the
 # all-reduce's 32 MiB, and past one chunk, so that single copy's pieces loop.
 SCENARIOS = [("allreduce_matrix", ["600001"], 374), ("data_movement", ["600001"], None),
-             ("rooted_and_scattered", [], None), ("in_place_overlap", [], 18), ("point_to_point", [], 23)]
+             ("rooted_and_scattered", [], None), ("in_place_overlap", [], 21), ("point_to_point", [], 23)]
 
 
 def _cases(scenario: str, world: int, fixed) -> int:

@@ -175,7 +175,8 @@ class OneNode(OnArena):
         target = staged(out)
         addr, into, block, itemsize = source.data_ptr(), target.data_ptr(), out.numel(), out.element_size()
         if self._single_copy("reduce_scatter", block * itemsize):
-            source, = _apart([source], [target])
+            if into != addr + self.arena.local_rank * block * itemsize:  # our block in place: only we read it
+                source, = _apart([source], [target])
             reduce_scatter.single_copy(self.arena, source.data_ptr(), block, itemsize, red.kernel, red.op.kernel,
                                        red.scale, into, desc)
             return unstage(out, target)
