@@ -28,14 +28,11 @@ from __future__ import annotations
 import threading
 import time
 
-import errno
-import os
-
 import numpy as np
 
-from shmcoll import _single_copy, _sync
+from shmcoll import _single_copy, _sync, single_copy
 from shmcoll._copy import copy
-from shmcoll.errors import PeerDiedError, ShmcollError
+from shmcoll.errors import ShmcollError
 from shmcoll.waits import reached
 from shmcoll.work import AsyncWork, CompletedWork
 
@@ -163,11 +160,8 @@ class Recv(_Transfer):
         p2p = self.p2p
         code = _single_copy.read(p2p.arena.pid(peer), address, self.addr, self.nbytes)
         if code:
-            what = (f"rank {p2p.ranks[p2p.me]}: reading the message of rank {p2p.ranks[peer]} from its buffer "
-                    f"failed: {errno.errorcode.get(code, code)}")
-            if code == errno.ESRCH:
-                raise PeerDiedError(f"{what} (rank {p2p.ranks[peer]} exited)")
-            raise ShmcollError(f"{what} ({os.strerror(code)})")
+            raise single_copy.read_error(p2p.ranks[p2p.me], p2p.ranks[peer],
+                                         f"reading the message of rank {p2p.ranks[peer]} from its buffer", code)
 
     def wait_target(self):
         if self.peer is None:

@@ -29,6 +29,7 @@ placement decides where single copy pays.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import time
 from typing import NamedTuple
@@ -36,6 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from shmcoll import _single_copy
+from shmcoll.errors import PeerDiedError, ShmcollError
 
 _PR_SET_PTRACER = 0x59616D61
 _YAMA = "/proc/sys/kernel/yama/ptrace_scope"
@@ -154,3 +156,17 @@ def self_check() -> Verdict:
         return Verdict(None, float(cost))
     return Verdict("a child read other bytes" if int(answer) < 0 else
                    f"process_vm_readv failed: {os.strerror(int(answer))}")
+
+
+def failed(read: str, code: int) -> str:
+    """'<read> failed: ESRCH': a read of a peer's memory (``read``, in words) refused with errno ``code``."""
+    return f"{read} failed: {errno.errorcode.get(code, code)}"
+
+
+def read_error(reader: int, owner: int, read: str, code: int) -> ShmcollError:
+    """The error of rank ``reader``'s read of rank ``owner``'s memory refused with errno ``code``, once
+    nothing else explains it: the owner exited (ESRCH: PeerDiedError), or its buffer is gone."""
+    what = f"rank {reader}: {failed(read, code)}"
+    if code == errno.ESRCH:
+        return PeerDiedError(f"{what} (rank {owner} exited)")
+    return ShmcollError(f"{what} ({os.strerror(code)})")

@@ -10,13 +10,11 @@ A schedule posts its steps itself and reports, once DONE, the last step it
 posted and the highest it saw every rank reach (its ``posted`` and ``reached``),
 which the arena records (``Steps.record_schedule``).
 """
-import errno
-import os
-
+from shmcoll import single_copy
 from shmcoll._reduce import DONE, MISMATCH
 from shmcoll._single_copy import FAILED, SIZES
 from shmcoll.descriptors import describe
-from shmcoll.errors import PeerDiedError, ShmcollError
+from shmcoll.errors import ShmcollError
 
 _STEP = 0xFFFFFFFF  # step words are 32 bits; the arena counts in Python integers
 
@@ -64,15 +62,12 @@ def _read_failed(arena, schedule, desc: int) -> ShmcollError:
     the read, which is only its echo."""
     peer, code = schedule.failed_peer, schedule.failed_errno
     me, them = arena.ranks[arena.local_rank], arena.ranks[peer]
-    what = f"reading rank {them}'s buffer in {describe(desc)} failed: {errno.errorcode.get(code, code)}"
+    read = f"reading rank {them}'s buffer in {describe(desc)}"
     peers = [r for r in range(arena.local_size) if r != arena.local_rank]
     try:
         arena.watch.check(peers, 0.0, arena.describe() if arena.describe else describe(desc), float("inf"))
     except ShmcollError as cause:
-        return type(cause)(f"{cause} (rank {me} found out when {what})")
+        return type(cause)(f"{cause} (rank {me} found out when {single_copy.failed(read, code)})")
     finally:
         arena.abandon()  # the peers must not wait for our next step until the timeout
-    what = f"rank {me}: {what}"
-    if code == errno.ESRCH:
-        return PeerDiedError(f"{what} (rank {them} exited)")
-    return ShmcollError(f"{what} ({os.strerror(code)})")
+    return single_copy.read_error(me, them, read, code)
