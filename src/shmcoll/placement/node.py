@@ -205,9 +205,10 @@ class OneNode(OnArena):
         source = input.contiguous()
         targets = [staged_empty(out) for out in outputs]
         if self._single_copy("all_gather", source.nbytes):
-            # Our own output may be the input itself (in place): the schedule leaves it alone.
-            own = targets[self.arena.local_rank]
-            source, = _apart([source], [t for t in targets if t is not own or t.data_ptr() != source.data_ptr()])
+            # Our own output may be the input itself (in place), which the schedule leaves alone.
+            me = self.arena.local_rank
+            others = targets[:me] + targets[me + 1:]
+            source, = _apart([source], others if targets[me].data_ptr() == source.data_ptr() else targets)
             allgather.single_copy_each(self.arena, source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets],
                                        desc)
         else:
