@@ -17,3 +17,4 @@ cdef extern from "shmcoll_arch.h" nogil:
     void shmcoll_futex_wake_all(uint32_t *addr)
     int shmcoll_reached(uint32_t a, uint32_t b)
     void shmcoll_prefetch(const void *p)
+    uint32_t shmcoll_cpu()

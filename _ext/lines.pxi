@@ -9,17 +9,23 @@ cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 # A control line (one per rank, 128 bytes): the step word (uint32) at 0, the count of its sleepers at 4,
-# four descriptor slots (uint64, step % 4) from 8, the rank's pid (int32) at 48, and four buffer-address
-# slots (uint64, step % 4; single copy) from 56 to 88.
+# four descriptor slots (uint64, step % 4) from 8, the rank's pid (int32) at 48, the CPU it last waited on
+# where ranks outnumber cores (uint32) at 52, and four buffer-address slots (uint64, step % 4; single copy)
+# from 56 to 88.
 cdef enum:
     _LINE = 128
     _DESC = 8
     _PID = 48
+    _CPU = 52
     _ADDRESS = 56
 
 
 cdef inline uint32_t *_step_word(uintptr_t lines, int rank) noexcept nogil:
     return <uint32_t *>(lines + <uintptr_t>rank * _LINE)
+
+
+cdef inline uint32_t *_cpu_word(uintptr_t lines, int rank) noexcept nogil:
+    return <uint32_t *>(lines + <uintptr_t>rank * _LINE + _CPU)
 
 
 cdef inline uint64_t *_desc_slot(uintptr_t lines, int rank, uint32_t step) noexcept nogil:
@@ -33,6 +39,20 @@ cdef inline void _post(uintptr_t lines, int rank, uint32_t step, uint64_t desc) 
     arch.shmcoll_store_seq_cst_u32(word, step)
     if arch.shmcoll_load_seq_cst_u32(word + 1) != 0:
         arch.shmcoll_futex_wake_all(word)
+
+
+cdef inline bint _core_shared(uintptr_t lines, int size, int me) noexcept nogil:
+    """Record the CPU this thread waits on in ``me``'s line (if ``me`` >= 0), and say whether one of the
+    first ``size`` ranks on these lines but ``me`` last waited on it: only then can a sched_yield hand
+    the core to a peer."""
+    cdef uint32_t cpu = arch.shmcoll_cpu()
+    cdef int r
+    if me >= 0:
+        arch.shmcoll_store_release_u32(_cpu_word(lines, me), cpu)
+    for r in range(size):
+        if r != me and arch.shmcoll_load_acquire_u32(_cpu_word(lines, r)) == cpu:
+            return True
+    return False
 
 
 cdef inline int _wait_one(uint32_t *word, uint32_t target, int64_t spin_until,
@@ -74,10 +94,19 @@ cdef inline int _wait_one(uint32_t *word, uint32_t target, int64_t spin_until,
 
 
 cdef inline int _wait_ranks(uintptr_t lines, int first, int stop, int skip, uint32_t target,
-                            int64_t spin_ns, int64_t yield_ns, int64_t slice_ns) noexcept nogil:
-    """-1 once every rank in [first, stop) but ``skip`` has reached target; else the first still behind."""
+                            int64_t spin_ns, int64_t yield_ns, int64_t slice_ns, int yield_company) noexcept nogil:
+    """-1 once every rank in [first, stop) but ``skip`` has reached target; else the first still behind.
+
+    ``yield_company`` > 0 (local ranks outnumber the cores): yield only while one of the first
+    ``yield_company`` ranks but ``skip`` (this one) last waited on this thread's CPU. Alone on its core a
+    rank's yields return at once, so it sleeps instead: the core goes idle, and the kernel moves a rank
+    there from a crowded core within milliseconds, where it leaves a core of yielding ranks alone for
+    tens of them (it does not move a task that ran in the last half millisecond).
+    """
     cdef int64_t start = arch.shmcoll_now_ns()
     cdef int r
+    if yield_company > 0 and yield_ns > 0 and not _core_shared(lines, yield_company, skip):
+        yield_ns = 0
     for r in range(first, stop):
         if r != skip and not _wait_one(_step_word(lines, r), target, start + spin_ns,
                                        start + spin_ns + yield_ns, start + slice_ns):

@@ -82,6 +82,11 @@ static inline void shmcoll_prefetch(const void *p) {
     __builtin_prefetch(p, 0, 3);
 }
 
+/* The CPU the calling thread runs on (glibc reads it from rseq or the vDSO: no system call). */
+static inline uint32_t shmcoll_cpu(void) {
+    return (uint32_t)sched_getcpu();
+}
+
 /* Sequence numbers are 32-bit and wrap; "a has reached b" is a signed
  * distance test, valid while the two are less than 2**31 steps apart. */
 static inline int shmcoll_reached(uint32_t a, uint32_t b) {

@@ -87,23 +87,24 @@ cdef class SingleCopy:
     cdef int me, size
     cdef Py_ssize_t scratch_bytes
     cdef int64_t spin_ns, yield_ns, slice_ns
+    cdef int yield_company  # see _wait_ranks: size while local ranks outnumber the cores, else 0
     cdef readonly uint32_t posted, reached
     cdef readonly int failed_errno, failed_peer
 
     def __cinit__(self, uintptr_t lines, int me, int size, uintptr_t scratch, Py_ssize_t scratch_bytes,
-                  int64_t spin_ns, int64_t yield_ns, int64_t slice_ns):
+                  int64_t spin_ns, int64_t yield_ns, bint yield_if_shared, int64_t slice_ns):
         self.lines = lines
         self.me = me
         self.size = size
         self.scratch = scratch  # private to this rank: the peers' pieces of a reduction land here
         self.scratch_bytes = scratch_bytes
-        self.spin_ns = spin_ns
-        self.yield_ns = yield_ns
         self.slice_ns = slice_ns
+        self.set_waits(spin_ns, yield_ns, yield_if_shared)
 
-    def set_waits(self, int64_t spin_ns, int64_t yield_ns):
+    def set_waits(self, int64_t spin_ns, int64_t yield_ns, bint yield_if_shared):
         self.spin_ns = spin_ns
         self.yield_ns = yield_ns
+        self.yield_company = self.size if yield_if_shared else 0
 
     # -- pieces ------------------------------------------------------------------------
 
@@ -119,7 +120,8 @@ cdef class SingleCopy:
 
     cdef inline int _wait_all(self, uint32_t step) noexcept nogil:
         """1 once every rank has reached ``step``; 0 if the slice ended first."""
-        if _wait_ranks(self.lines, 0, self.size, self.me, step, self.spin_ns, self.yield_ns, self.slice_ns) >= 0:
+        if _wait_ranks(self.lines, 0, self.size, self.me, step, self.spin_ns, self.yield_ns, self.slice_ns,
+                       self.yield_company) >= 0:
             return 0
         self.reached = step
         return 1

@@ -16,9 +16,11 @@ Terms (used across shmcoll):
 
 Waiting spins with a pause instruction for ``spin_ns``, then spins with
 ``sched_yield`` for ``yield_ns`` (lets an oversubscribed core run the peer we
-wait for), then sleeps on the futex. The caller passes a slice length; when it
-expires the call returns so that Python can check deadlines and liveness
-without ever running inside the hot loop.
+wait for), then sleeps on the futex. Where local ranks outnumber the cores, a
+wait yields only while another local rank shares its core (``yield_company``,
+lines.pxi). The caller passes a slice length; when it expires the call returns
+so that Python can check deadlines and liveness without ever running inside the
+hot loop.
 """
 from posix.types cimport pid_t
 
@@ -34,6 +36,7 @@ cdef extern from "<errno.h>" nogil:
 # The control line's layout (lines.pxi), for the arena's Python side.
 LINE_BYTES = _LINE
 PID_OFFSET = _PID
+CPU_OFFSET = _CPU
 
 
 def post(uintptr_t lines, int rank, uint32_t step, uint64_t desc):
@@ -52,24 +55,27 @@ def load_desc(uintptr_t lines, int rank, uint32_t step):
 
 
 def wait_ranks(uintptr_t lines, int first, int stop, int skip, uint32_t target,
-               int64_t spin_ns, int64_t yield_ns, int64_t slice_ns):
-    """Wait until every rank in [first, stop) except ``skip`` has reached ``target``.
+               int64_t spin_ns, int64_t yield_ns, int64_t slice_ns, int yield_company=0):
+    """Wait until every rank in [first, stop) except ``skip`` (this rank, if among them) has reached
+    ``target``.
 
     Returns -1 when all have; otherwise, when ``slice_ns`` has passed, the
     first rank still behind. The GIL is released throughout.
     """
     cdef int behind
     with nogil:
-        behind = _wait_ranks(lines, first, stop, skip, target, spin_ns, yield_ns, slice_ns)
+        behind = _wait_ranks(lines, first, stop, skip, target, spin_ns, yield_ns, slice_ns, yield_company)
     return behind
 
 
 def wait_rank(uintptr_t lines, int rank, uint32_t target,
-              int64_t spin_ns, int64_t yield_ns, int64_t slice_ns):
-    """Wait until ``rank`` has reached ``target``; True, or False when the slice ended."""
+              int64_t spin_ns, int64_t yield_ns, int64_t slice_ns, int me=-1, int yield_company=0):
+    """Wait until ``rank`` has reached ``target``; True, or False when the slice ended. ``me``: this
+    rank's line (for ``yield_company``)."""
     cdef int behind
+    cdef int skip = -1 if me == rank else me  # never skip the rank waited for
     with nogil:
-        behind = _wait_ranks(lines, rank, rank + 1, -1, target, spin_ns, yield_ns, slice_ns)
+        behind = _wait_ranks(lines, rank, rank + 1, skip, target, spin_ns, yield_ns, slice_ns, yield_company)
     return behind < 0
 
 

@@ -26,6 +26,7 @@ from shmcoll import _segment, arena as arena_module, kernel_library, kernels
 from shmcoll._env import read_settings
 from shmcoll.algorithms import allgather, allreduce, broadcast
 from shmcoll.lanes import Lanes
+from shmcoll.waits import SLEEP_AT_ONCE
 
 
 def one_rank_arena(chunk_bytes: int, p2p_bytes: int):
@@ -33,7 +34,7 @@ def one_rank_arena(chunk_bytes: int, p2p_bytes: int):
     segment = _segment.create_unnamed(read_settings().shm_dir, layout.total)
     segment.release_fd()
     arena_module._init_header(segment, 1, chunk_bytes)
-    arena = arena_module.Arena(segment, 0, 1, chunk_bytes, p2p_bytes, timedelta(seconds=60), 0, 0, [0])
+    arena = arena_module.Arena(segment, 0, 1, chunk_bytes, p2p_bytes, timedelta(seconds=60), SLEEP_AT_ONCE, [0])
     arena._record_pid()
     return segment, arena
 

@@ -15,6 +15,14 @@ CPUs, e.g. ``0 1 1 0``): what explains a benchmark of 0.1 s rounds (the README m
 that moves from run to run by more than its other noise. The sweeps' calls and sizes
 (``shmcoll.bench.cases``: all_gather's output, reduce_scatter's input; ``shmcoll.bench.mpi``
 for Open MPI's). ``--pin``: the sweeps' pinning (``shmcoll.bench.timing.pin``).
+
+``--crowd``: how fast the ranks spread out again from the worst placement. Each round puts
+every rank but the last on the first CPU for 300 calls (affinity), gives every rank its whole
+mask back, then runs 250 windows of 20 calls; it prints how long the kernel took to spread
+the ranks evenly over the CPUs (each CPU within one rank of the others; "never" if it did not
+within the round) and the mean time per call over the round. Where ranks outnumber cores a
+shm rank alone on its core sleeps instead of yielding (docs/DESIGN.md, "Waits"), which lets
+the kernel move a rank onto its core sooner.
 """
 from __future__ import annotations
 
@@ -92,6 +100,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=1000)
     parser.add_argument("--mpi", action="store_true", help="Open MPI through mpi4py (start under mpirun)")
     parser.add_argument("--pin", action="store_true", help="pin local rank r to CPU r mod (CPUs)")
+    parser.add_argument("--crowd", action="store_true",
+                        help="time the spreading out from all ranks but one on the first CPU (see above)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.pin:
@@ -103,6 +113,9 @@ def main() -> None:
         call = group.call(op, nbytes)
         for _ in range(max(50, args.iters // 4)):
             call()
+        if args.crowd:
+            crowd(group, op, nbytes, call, args.rounds)
+            continue
         rows = []
         for _ in range(args.rounds):
             group.barrier()
@@ -126,6 +139,37 @@ def main() -> None:
             for placement, times in sorted(by_placement.items(), key=lambda kv: statistics.median(kv[1])):
                 print(f"  cpus {placement}: {statistics.median(times):6.1f} us over {len(times)} round(s)")
     group.close()
+
+
+def crowd(group, op: str, nbytes: int, call, rounds: int, windows: int = 250, per_window: int = 20) -> None:
+    """``--crowd``: per round, the time until the ranks are spread evenly again and the mean per call."""
+    mask = sorted(os.sched_getaffinity(0))
+    if len(mask) < 2:
+        raise SystemExit("--crowd needs at least 2 CPUs in the affinity mask")
+    last = group.rank == group.world - 1
+    for i in range(rounds):
+        os.sched_setaffinity(0, {mask[1]} if last else {mask[0]})
+        for _ in range(300):
+            call()
+        os.sched_setaffinity(0, mask)
+        rows = []
+        for _ in range(windows):
+            t0 = time.perf_counter()
+            for _ in range(per_window):
+                call()
+            rows.append((time.perf_counter() - t0, cpu()))
+        everyone = group.gather(rows)
+        if group.rank == 0:
+            elapsed, spread_at = 0.0, None
+            for w in range(windows):
+                counts = collections.Counter(everyone[r][w][1] for r in range(group.world))
+                per_cpu = [counts.get(c, 0) for c in mask]
+                if spread_at is None and max(per_cpu) - min(per_cpu) <= 1:
+                    spread_at = elapsed
+                elapsed += max(everyone[r][w][0] for r in range(group.world))
+            spread = "never" if spread_at is None else f"{spread_at * 1e3:6.1f} ms"
+            print(f"{op} {nbytes} B, round {i:2d}: spread out after {spread}; "
+                  f"{elapsed / (windows * per_window) * 1e6:6.1f} us per call over {elapsed * 1e3:.0f} ms", flush=True)
 
 
 if __name__ == "__main__":

@@ -111,18 +111,23 @@ class Steps:
         self.local_size = arena.local_size
         self.chunk_bytes = chunk_bytes  # of every slot and of our scratch, from data and scratch on
         self.watch = arena.watch
-        self.spin_ns, self.yield_ns = arena.spin_ns, arena.yield_ns
+        self.budgets = arena.budgets
+        self.yield_company = self._company(self.budgets)
         self.step = 0  # last step this rank posted
         self.all_reached = 0  # highest step every local rank is known to have reached
         # Reductions and bulk moves run whole in C over these buffers (shmcoll._reduce).
         self.schedule = _reduce.Schedule(lines, self.local_rank, self.local_size, data, scratch, chunk_bytes,
-                                         arena.slot_stride, self.spin_ns, self.yield_ns, _SLICE_NS)
+                                         arena.slot_stride, *self.budgets, _SLICE_NS)
 
-    def set_waits(self, spin_ns: int, yield_ns: int) -> None:
-        """Spin and yield budgets of the waits that follow (the futex sleep comes after them)."""
-        if spin_ns != self.spin_ns or yield_ns != self.yield_ns:
-            self.spin_ns, self.yield_ns = spin_ns, yield_ns
-            self.schedule.set_waits(spin_ns, yield_ns)
+    def set_waits(self, budgets: waits.Budgets) -> None:
+        """The budgets of the waits that follow (the futex sleep comes after them)."""
+        if budgets != self.budgets:
+            self.budgets, self.yield_company = budgets, self._company(budgets)
+            self.schedule.set_waits(*budgets)
+
+    def _company(self, budgets: waits.Budgets) -> int:
+        """The ranks whose CPUs a wait compares with its own before it yields (0: it yields regardless)."""
+        return self.local_size if budgets.yield_if_shared else 0
 
     def begin_write(self) -> int:
         """The step about to be posted, once its buffer is free to overwrite."""
@@ -150,7 +155,7 @@ class Steps:
     def wait_all(self, step: int) -> None:
         """Block until every local rank has reached ``step``."""
         behind = _sync.wait_ranks(self.lines, 0, self.local_size, self.local_rank, step & 0xFFFFFFFF,
-                                  self.spin_ns, self.yield_ns, _SLICE_NS)
+                                  self.budgets.spin_ns, self.budgets.yield_ns, _SLICE_NS, self.yield_company)
         if behind >= 0:
             self._wait_slow(range(self.local_size), step)
         if step > self.all_reached:
@@ -158,8 +163,8 @@ class Steps:
 
     def wait_rank(self, local_rank: int, step: int) -> None:
         """Block until ``local_rank`` has reached ``step``."""
-        if not _sync.wait_rank(self.lines, local_rank, step & 0xFFFFFFFF,
-                               self.spin_ns, self.yield_ns, _SLICE_NS):
+        if not _sync.wait_rank(self.lines, local_rank, step & 0xFFFFFFFF, self.budgets.spin_ns,
+                               self.budgets.yield_ns, _SLICE_NS, self.local_rank, self.yield_company):
             self._wait_slow((local_rank,), step)
 
     def check_same_collective(self, step: int, desc: int, among=None) -> None:
@@ -190,14 +195,13 @@ class Arena(Steps):
     """
 
     def __init__(self, segment, local_rank: int, local_size: int, chunk_bytes: int, p2p_bytes: int,
-                 timeout: timedelta, spin_ns: int, yield_ns: int, ranks: list[int]):
+                 timeout: timedelta, budgets: waits.Budgets, ranks: list[int]):
         self.segment = segment
         self.local_rank = local_rank
         self.local_size = local_size
         self.p2p_bytes = p2p_bytes
         self.timeout_s = timeout.total_seconds()
-        self.spin_ns = spin_ns
-        self.yield_ns = yield_ns
+        self.budgets = budgets  # of the waits on the peers (Steps.set_waits)
         self.ranks = ranks  # group rank of each local rank, for messages
         base = segment.address
         regions = layout(local_size, chunk_bytes, p2p_bytes)
@@ -261,24 +265,24 @@ class Arena(Steps):
             self._views[(buffer, "tables")] = view
         return view
 
-    def set_waits(self, spin_ns: int, yield_ns: int) -> None:
-        super().set_waits(spin_ns, yield_ns)
+    def set_waits(self, budgets: waits.Budgets) -> None:
+        super().set_waits(budgets)
         self._set_lane_waits()
         if self.single_copy is not None:
-            self.single_copy.set_waits(spin_ns, yield_ns)
+            self.single_copy.set_waits(*budgets)
 
     def enable_single_copy(self) -> None:
         """Collectives may read the peers' buffers directly (``shmcoll.single_copy`` found it allowed, and
         ``placement.node.single_copy_spans`` worth it), over this arena's control lines, with our scratch
         for the pieces of a reduction."""
         self.single_copy = _single_copy.SingleCopy(self.lines, self.local_rank, self.local_size, self.scratch,
-                                                   self.chunk_bytes, self.spin_ns, self.yield_ns, _SLICE_NS)
+                                                   self.chunk_bytes, *self.budgets, _SLICE_NS)
 
     def _set_lane_waits(self) -> None:
         # Lanes never spin: they serve large messages only, where a wait is rarely a
         # matter of microseconds, and their threads may well outnumber the cores.
         for lane in self._lanes:
-            lane.set_waits(0, self.yield_ns)
+            lane.set_waits(self.budgets._replace(spin_ns=0))
 
     def abort(self, why: str) -> None:
         """Every wait on this arena raises within a slice, here (``why``) and on the local peers (``abandon``)."""
@@ -314,7 +318,7 @@ class Arena(Steps):
 
 
 def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settings, timeout: timedelta,
-               spin_ns: int, yield_ns: int, key: str = "shmcoll/arena") -> Arena:
+               budgets: waits.Budgets, key: str = "shmcoll/arena") -> Arena:
     """Create (lowest local rank) or attach the node's segment; returns once it has no name.
 
     The segment is created without a name (O_TMPFILE) where the filesystem
@@ -369,8 +373,8 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
             if store.add(f"{key}/count", 1) == local_size - 1:
                 store.set(f"{key}/mapped", "1")
         store.wait([f"{key}/unlinked"], timeout)
-    arena = Arena(segment, local_rank, local_size, settings.chunk_bytes, settings.p2p_bytes, timeout, spin_ns,
-                  yield_ns, ranks)
+    arena = Arena(segment, local_rank, local_size, settings.chunk_bytes, settings.p2p_bytes, timeout, budgets,
+                  ranks)
     arena._record_pid()
     return arena
 

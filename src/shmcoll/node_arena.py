@@ -38,7 +38,7 @@ def open_node_arena(store, rank: int, size: int, topo: topology.Topology, settin
                     wait_policy, keys: str):
     """(the Topology every rank agreed on, this rank's node arena or None when its node is itself alone).
 
-    ``wait_policy(local_size)`` gives the (spin, yield) budgets in ns of a node of that many ranks.
+    ``wait_policy(local_size)`` gives the wait budgets (``waits.Budgets``) of a node of that many ranks.
     """
     alone: dict[int, str] = {}  # rank -> why it cannot map its node's arena
     for round_ in range(size):
@@ -46,10 +46,9 @@ def open_node_arena(store, rank: int, size: int, topo: topology.Topology, settin
         local = current.local_ranks
         arena, outcome, own_error = None, _MAPPED, None
         if len(local) > 1:
-            spin_ns, yield_ns = wait_policy(len(local))
             try:
-                arena = open_arena(store, local.index(rank), len(local), local, settings, timeout, spin_ns,
-                                   yield_ns, key=f"{keys}/arena/{round_}/{local[0]}")
+                arena = open_arena(store, local.index(rank), len(local), local, settings, timeout,
+                                   wait_policy(len(local)), key=f"{keys}/arena/{round_}/{local[0]}")
             except AttachError as error:
                 outcome = _CANNOT_MAP + str(error)
             except PeerAttachError as error:

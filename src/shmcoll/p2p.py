@@ -285,7 +285,8 @@ class PointToPoint:
             elif single is not None:
                 # One transfer waiting on one word: sleep on it (spin, yield, futex), 1 ms at most.
                 lines, index, target = single
-                _sync.wait_rank(lines, index, target, self.arena.spin_ns, self.arena.yield_ns, 1_000_000)
+                _sync.wait_rank(lines, index, target, self.arena.budgets.spin_ns, self.arena.budgets.yield_ns,
+                                1_000_000)
             else:
                 idle_passes += 1
                 time.sleep(0 if idle_passes < 50 else min(1e-3, 1e-5 * idle_passes))

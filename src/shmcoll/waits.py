@@ -21,6 +21,7 @@ same ``Watch``, so a fix to liveness or wording is made once.
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from shmcoll import _sync
 from shmcoll._logging import first_wait_warning, log
@@ -28,6 +29,19 @@ from shmcoll.errors import AbortedError, InterNodeError, PeerDiedError, PeerTime
 
 # How long one wait call may block before Python checks deadline, liveness and abort.
 SLICE_NS = 100_000_000
+
+
+class Budgets(NamedTuple):
+    """How a wait spends its first slice before it sleeps on the futex (``placement.wait_policy`` decides)."""
+    spin_ns: int  # busy-spin with a pause instruction
+    yield_ns: int  # then loop on sched_yield
+    # Yield only while another local rank last waited on this rank's CPU, else sleep at once (where local
+    # ranks outnumber the cores: alone on its core a rank's yields return at once, and the core it holds
+    # is one the kernel could move a rank of a crowded core to; _ext/lines.pxi, _wait_ranks).
+    yield_if_shared: bool = False
+
+
+SLEEP_AT_ONCE = Budgets(0, 0)
 
 
 def reached(seen: int, target: int) -> bool:

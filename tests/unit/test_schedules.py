@@ -15,6 +15,7 @@ import pytest
 
 from shmcoll import _segment, arena as arena_module, kernel_library, kernels
 from shmcoll.algorithms import allreduce, reduce_scatter
+from shmcoll.waits import SLEEP_AT_ONCE
 
 CHUNK = 4096
 
@@ -26,7 +27,8 @@ def _arenas(size: int, monkeypatch):
     segment = _segment.create_unnamed("/dev/shm", layout.total)
     segment.release_fd()
     arena_module._init_header(segment, size, CHUNK, 1024)
-    handles = [arena_module.Arena(segment, r, size, CHUNK, 1024, timedelta(seconds=30), 0, 0, list(range(size)))
+    handles = [arena_module.Arena(segment, r, size, CHUNK, 1024, timedelta(seconds=30), SLEEP_AT_ONCE,
+                                  list(range(size)))
                for r in range(size)]
     for handle in handles:
         handle._record_pid()

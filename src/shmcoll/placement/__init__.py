@@ -37,20 +37,26 @@ from shmcoll._logging import log
 from shmcoll.agreement import agree_settings
 from shmcoll.arena import LANE_MIN_CHUNK, MAX_LANES
 from shmcoll.node_arena import open_node_arena
+from shmcoll.waits import SLEEP_AT_ONCE, Budgets
 
 
-def wait_policy(settings, local_size: int) -> tuple[int, int]:
-    """Spin and yield budgets (ns) of every wait on an arena of ``local_size`` ranks.
+def wait_policy(settings, local_size: int) -> Budgets:
+    """The wait budgets of every wait on an arena of ``local_size`` ranks.
 
     A pure spin reacts fastest but holds the core; a sched_yield loop is almost
     as quick when the core is otherwise idle and hands the core over when a
     peer (or anything else) is runnable on it. So: a short spin, unless local
-    ranks outnumber cores, then yields, then the futex sleep.
+    ranks outnumber cores, then yields, then the futex sleep. Where they
+    outnumber the cores, a rank yields only while another shares its core: the
+    kernel leaves three ranks on one of two cores for tens of milliseconds when
+    the fourth yields on the other, a few when it sleeps (4 ranks on 2 cores,
+    256 KiB: 15-22% off all_reduce, reduce_scatter and broadcast over 8 jobs,
+    BENCHMARKS "More ranks than cores").
     """
     oversubscribed = local_size > len(os.sched_getaffinity(0))
     spin_us = settings.spin_us if settings.spin_us is not None else (0.0 if oversubscribed else 20.0)
     yield_us = settings.yield_us if settings.yield_us is not None else (200.0 if oversubscribed else 500.0)
-    return int(spin_us * 1000), int(yield_us * 1000)
+    return Budgets(int(spin_us * 1000), int(yield_us * 1000), oversubscribed)
 
 
 def lanes_wanted(settings) -> int:
@@ -76,15 +82,16 @@ class WaitBudgets:
     def __init__(self, settings, local_size: int):
         self.inline = wait_policy(settings, local_size)
         explicit = settings.spin_us is not None or settings.yield_us is not None
-        self.background = self.inline if explicit else (0, 0)
+        self.background = self.inline if explicit else SLEEP_AT_ONCE
 
     def apply(self, arena, background: bool) -> None:
         if arena is not None:
-            arena.set_waits(*(self.background if background else self.inline))
+            arena.set_waits(self.background if background else self.inline)
 
     def describe(self) -> str:
-        spin_ns, yield_ns = self.inline
-        return (f"  waits: spin {spin_ns / 1000:g} us, sched_yield {yield_ns / 1000:g} us, then futex sleep "
+        spin_ns, yield_ns, if_shared = self.inline
+        shared = " while another local rank shares the core" if if_shared else ""
+        return (f"  waits: spin {spin_ns / 1000:g} us, sched_yield {yield_ns / 1000:g} us{shared}, then futex sleep "
                 f"({len(os.sched_getaffinity(0))} usable CPUs); on the progress thread: "
                 f"{'the same' if self.background == self.inline else 'futex sleep at once'}")
 
