@@ -1,4 +1,5 @@
 """The Cython layer alone: segments, process-shared waits, copies."""
+import contextlib
 import errno
 import multiprocessing as mp
 import os
@@ -139,23 +140,33 @@ def test_wait_slice_expires_and_names_the_rank():
         seg.close()
 
 
-def test_an_oversubscribed_wait_records_the_cpu_it_waits_on():
-    path = _path("cpu")
+@contextlib.contextmanager
+def _pinned_lines(tag):
+    """A fresh segment of control lines, as uint32 words, with this process pinned to one CPU (yielded)."""
+    path = _path(tag)
     seg = _segment.create(path, 4096)
     mask = os.sched_getaffinity(0)
     try:
         cpu = max(mask)
         os.sched_setaffinity(0, {cpu})
-        words = np.frombuffer(seg, dtype=np.uint32)
-        words[(_sync.LINE_BYTES + _sync.CPU_OFFSET) // 4] = cpu + 1000
-        assert _sync.wait_ranks(seg.address, 0, 2, 1, 0, 0, 10**6, 10**6, 0) == -1  # no company: not recorded
-        assert words[(_sync.LINE_BYTES + _sync.CPU_OFFSET) // 4] == cpu + 1000
-        assert _sync.wait_ranks(seg.address, 0, 2, 1, 0, 0, 10**6, 10**6, 2) == -1
-        assert words[(_sync.LINE_BYTES + _sync.CPU_OFFSET) // 4] == cpu
+        yield seg, np.frombuffer(seg, dtype=np.uint32), cpu
     finally:
         os.sched_setaffinity(0, mask)
         _segment.unlink_path(path)
         seg.close()
+
+
+def _cpu_word(rank):
+    return (rank * _sync.LINE_BYTES + _sync.CPU_OFFSET) // 4
+
+
+def test_an_oversubscribed_wait_records_the_cpu_it_waits_on():
+    with _pinned_lines("cpu") as (seg, words, cpu):
+        words[_cpu_word(1)] = cpu + 1000
+        assert _sync.wait_ranks(seg.address, 0, 2, 1, 0, 0, 10**6, 10**6, 0) == -1  # no company: not recorded
+        assert words[_cpu_word(1)] == cpu + 1000
+        assert _sync.wait_ranks(seg.address, 0, 2, 1, 0, 0, 10**6, 10**6, 2) == -1
+        assert words[_cpu_word(1)] == cpu
 
 
 @pytest.mark.parametrize("peer_here,yield_company,yields", [
@@ -166,26 +177,15 @@ def test_an_oversubscribed_wait_records_the_cpu_it_waits_on():
 def test_an_oversubscribed_wait_yields_only_beside_a_peer(peer_here, yield_company, yields):
     """A wait whose peer never comes either loops on sched_yield for its whole slice (using CPU time) or
     sleeps on the futex (none), by where the other ranks last waited."""
-    path = _path("company")
-    seg = _segment.create(path, 4096)
-    mask = os.sched_getaffinity(0)
-    try:
-        cpu = max(mask)
-        os.sched_setaffinity(0, {cpu})
-        words = np.frombuffer(seg, dtype=np.uint32)
-        for rank in (1, 2):  # ranks 1 and 2 are behind; rank 2 waited elsewhere, rank 1 here or elsewhere
-            words[(rank * _sync.LINE_BYTES + _sync.CPU_OFFSET) // 4] = cpu + 1000
-        words[_sync.CPU_OFFSET // 4] = cpu + 2000  # our own line (rank 0), which the wait overwrites
-        if peer_here:
-            words[(_sync.LINE_BYTES + _sync.CPU_OFFSET) // 4] = cpu
+    with _pinned_lines("company") as (seg, words, cpu):
+        # Ranks 1 and 2 are behind; rank 2 waited elsewhere, rank 1 here or elsewhere.
+        words[_cpu_word(1)] = cpu if peer_here else cpu + 1000
+        words[_cpu_word(2)] = cpu + 1000
+        words[_cpu_word(0)] = cpu + 2000  # our own line (rank 0), which the wait overwrites: not company
         start = time.thread_time()
         assert _sync.wait_ranks(seg.address, 0, 3, 0, 1, 0, 10**9, 100_000_000, yield_company) == 1
         used = time.thread_time() - start
         assert used > 0.02 if yields else used < 0.01, used  # of a 0.1 s slice
-    finally:
-        os.sched_setaffinity(0, mask)
-        _segment.unlink_path(path)
-        seg.close()
 
 
 def test_steps_wrap_around():
