@@ -41,7 +41,7 @@ cdef inline void _post(uintptr_t lines, int rank, uint32_t step, uint64_t desc) 
         arch.shmcoll_futex_wake_all(word)
 
 
-cdef inline bint _core_shared(uintptr_t lines, int size, int me) noexcept nogil:
+cdef inline bint _record_cpu_find_company(uintptr_t lines, int size, int me) noexcept nogil:
     """Record the CPU this thread waits on in ``me``'s line (if ``me`` >= 0), and say whether one of the
     first ``size`` ranks on these lines but ``me`` last waited on it: only then can a sched_yield hand
     the core to a peer."""
@@ -105,7 +105,7 @@ cdef inline int _wait_ranks(uintptr_t lines, int first, int stop, int skip, uint
     """
     cdef int64_t start = arch.shmcoll_now_ns()
     cdef int r
-    if yield_company > 0 and yield_ns > 0 and not _core_shared(lines, yield_company, skip):
+    if yield_company > 0 and yield_ns > 0 and not _record_cpu_find_company(lines, yield_company, skip):
         yield_ns = 0
     for r in range(first, stop):
         if r != skip and not _wait_one(_step_word(lines, r), target, start + spin_ns,

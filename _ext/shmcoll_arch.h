@@ -82,7 +82,8 @@ static inline void shmcoll_prefetch(const void *p) {
     __builtin_prefetch(p, 0, 3);
 }
 
-/* The CPU the calling thread runs on (glibc reads it from rseq or the vDSO: no system call). */
+/* The CPU the calling thread runs on (glibc reads it from rseq where the kernel offers it, else from
+ * the vDSO or a system call; only waits where ranks outnumber the cores ask). */
 static inline uint32_t shmcoll_cpu(void) {
     return (uint32_t)sched_getcpu();
 }
