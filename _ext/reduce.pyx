@@ -39,14 +39,14 @@ cdef class Schedule:
     cdef int me, size
     cdef Py_ssize_t buffer_bytes, chunk_bytes, stride
     cdef int64_t spin_ns, yield_ns, slice_ns
-    cdef int yield_company  # see _wait_ranks: size while local ranks outnumber the cores, else 0
+    cdef int yield_company  # see _wait_ranks (waits.Budgets.company)
     # After DONE: the last step this rank posted, and the highest it saw every rank reach (the arena
     # records them: Steps.record_schedule), so no caller recomputes a schedule's step count.
     cdef readonly uint32_t posted, reached
 
     def __cinit__(self, uintptr_t lines, int me, int size, uintptr_t data, uintptr_t scratch,
                   Py_ssize_t chunk_bytes, Py_ssize_t stride, int64_t spin_ns, int64_t yield_ns,
-                  bint yield_if_shared, int64_t slice_ns):
+                  int yield_company, int64_t slice_ns):
         # ``chunk_bytes`` of each slot are ours, at ``data`` + rank * ``stride`` in each buffer:
         # a lane (shmcoll.lanes) uses one stretch of every slot, the whole arena uses all of it.
         self.lines = lines
@@ -58,13 +58,13 @@ cdef class Schedule:
         self.stride = stride
         self.buffer_bytes = size * stride
         self.slice_ns = slice_ns
-        self.set_waits(spin_ns, yield_ns, yield_if_shared)
+        self.set_waits(spin_ns, yield_ns, yield_company)
 
-    def set_waits(self, int64_t spin_ns, int64_t yield_ns, bint yield_if_shared):
+    def set_waits(self, int64_t spin_ns, int64_t yield_ns, int yield_company):
         """Change the wait budgets of later waits (see Arena.set_waits)."""
         self.spin_ns = spin_ns
         self.yield_ns = yield_ns
-        self.yield_company = self.size if yield_if_shared else 0
+        self.yield_company = yield_company
 
     cdef inline void _post_step(self, uint32_t step, uint64_t desc) noexcept nogil:
         _post(self.lines, self.me, step, desc)

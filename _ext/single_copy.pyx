@@ -87,24 +87,24 @@ cdef class SingleCopy:
     cdef int me, size
     cdef Py_ssize_t scratch_bytes
     cdef int64_t spin_ns, yield_ns, slice_ns
-    cdef int yield_company  # see _wait_ranks: size while local ranks outnumber the cores, else 0
+    cdef int yield_company  # see _wait_ranks (waits.Budgets.company)
     cdef readonly uint32_t posted, reached
     cdef readonly int failed_errno, failed_peer
 
     def __cinit__(self, uintptr_t lines, int me, int size, uintptr_t scratch, Py_ssize_t scratch_bytes,
-                  int64_t spin_ns, int64_t yield_ns, bint yield_if_shared, int64_t slice_ns):
+                  int64_t spin_ns, int64_t yield_ns, int yield_company, int64_t slice_ns):
         self.lines = lines
         self.me = me
         self.size = size
         self.scratch = scratch  # private to this rank: the peers' pieces of a reduction land here
         self.scratch_bytes = scratch_bytes
         self.slice_ns = slice_ns
-        self.set_waits(spin_ns, yield_ns, yield_if_shared)
+        self.set_waits(spin_ns, yield_ns, yield_company)
 
-    def set_waits(self, int64_t spin_ns, int64_t yield_ns, bint yield_if_shared):
+    def set_waits(self, int64_t spin_ns, int64_t yield_ns, int yield_company):
         self.spin_ns = spin_ns
         self.yield_ns = yield_ns
-        self.yield_company = self.size if yield_if_shared else 0
+        self.yield_company = yield_company
 
     # -- pieces ------------------------------------------------------------------------
 

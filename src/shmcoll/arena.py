@@ -112,22 +112,19 @@ class Steps:
         self.chunk_bytes = chunk_bytes  # of every slot and of our scratch, from data and scratch on
         self.watch = arena.watch
         self.budgets = arena.budgets
-        self.yield_company = self._company(self.budgets)
+        self.yield_company = self.budgets.company(self.local_size)
         self.step = 0  # last step this rank posted
         self.all_reached = 0  # highest step every local rank is known to have reached
         # Reductions and bulk moves run whole in C over these buffers (shmcoll._reduce).
         self.schedule = _reduce.Schedule(lines, self.local_rank, self.local_size, data, scratch, chunk_bytes,
-                                         arena.slot_stride, *self.budgets, _SLICE_NS)
+                                         arena.slot_stride, self.budgets.spin_ns, self.budgets.yield_ns,
+                                         self.yield_company, _SLICE_NS)
 
     def set_waits(self, budgets: waits.Budgets) -> None:
         """The budgets of the waits that follow (the futex sleep comes after them)."""
         if budgets != self.budgets:
-            self.budgets, self.yield_company = budgets, self._company(budgets)
-            self.schedule.set_waits(*budgets)
-
-    def _company(self, budgets: waits.Budgets) -> int:
-        """The ranks whose CPUs a wait compares with its own before it yields (0: it yields regardless)."""
-        return self.local_size if budgets.yield_if_shared else 0
+            self.budgets, self.yield_company = budgets, budgets.company(self.local_size)
+            self.schedule.set_waits(budgets.spin_ns, budgets.yield_ns, self.yield_company)
 
     def begin_write(self) -> int:
         """The step about to be posted, once its buffer is free to overwrite."""
@@ -269,14 +266,15 @@ class Arena(Steps):
         super().set_waits(budgets)
         self._set_lane_waits()
         if self.single_copy is not None:
-            self.single_copy.set_waits(*budgets)
+            self.single_copy.set_waits(budgets.spin_ns, budgets.yield_ns, self.yield_company)
 
     def enable_single_copy(self) -> None:
         """Collectives may read the peers' buffers directly (``shmcoll.single_copy`` found it allowed, and
         ``placement.node.single_copy_spans`` worth it), over this arena's control lines, with our scratch
         for the pieces of a reduction."""
         self.single_copy = _single_copy.SingleCopy(self.lines, self.local_rank, self.local_size, self.scratch,
-                                                   self.chunk_bytes, *self.budgets, _SLICE_NS)
+                                                   self.chunk_bytes, self.budgets.spin_ns, self.budgets.yield_ns,
+                                                   self.yield_company, _SLICE_NS)
 
     def _set_lane_waits(self) -> None:
         # Lanes never spin: they serve large messages only, where a wait is rarely a

@@ -40,6 +40,11 @@ class Budgets(NamedTuple):
     # is one the kernel could move a rank of a crowded core to; _ext/lines.pxi, _wait_ranks).
     yield_if_shared: bool = False
 
+    def company(self, local_size: int) -> int:
+        """The waits' ``yield_company`` (_ext/lines.pxi): how many ranks' CPUs a wait compares with its own
+        before it yields, 0 where it yields regardless."""
+        return local_size if self.yield_if_shared else 0
+
 
 SLEEP_AT_ONCE = Budgets(0, 0)
 
