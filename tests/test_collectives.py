@@ -1,6 +1,7 @@
 """all_reduce, broadcast, all_gather and barrier on shm at world sizes 1-4."""
 import pytest
 
+from tests import movement_scenarios, reduction_scenarios
 from tests.harness import assert_job_passes, shm_entries, spawn
 
 # A 4 KiB chunk reaches the multi-chunk paths of every collective with small inputs.
@@ -28,6 +29,22 @@ def test_other_collectives(scenario, world_size):
     cases = {"data_movement": 75 + 36 * world_size, "rooted_and_scattered": 285 if world_size == 1 else 399}
     assert_job_passes(result, min_cases=cases[scenario])
     assert shm_entries() - before == set()
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_every_reduction(world_size):
+    """Every reduce op with every dtype it accepts (tests.reduction_scenarios), as across nodes."""
+    small = int(SMALL_CHUNKS["SHMCOLL_SMALL_BYTES"])
+    result = spawn("tests.reduction_scenarios:every_reduction", world_size, env=SMALL_CHUNKS,
+                   args=[str(small), "4096"])
+    assert_job_passes(result, min_cases=len(reduction_scenarios.planned(world_size, small, 4096)))
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_every_dtype_moved(world_size):
+    result = spawn("tests.movement_scenarios:every_dtype_moved", world_size, env=SMALL_CHUNKS)
+    per_dtype = 3 * (world_size + 2 * len({0, world_size - 1}) + 2)
+    assert_job_passes(result, min_cases=per_dtype * len(movement_scenarios.DTYPES))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])

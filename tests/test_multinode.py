@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 
+from tests import movement_scenarios, reduction_scenarios
 from tests.harness import assert_job_passes, shm_entries, spawn, torchrun_nodes
 from tests.multinode import SMALL_CHUNKS, SUBGROUPS
 from tests.multinode_faults import GROUP_TIMEOUT_S
@@ -40,6 +41,38 @@ def test_multinode_matrix(rank_nodes, nodes):
         assert report["hierarchical"] and report["flat_gloo"], report
         assert report["nodes"] == nodes
     assert shm_entries() - before == set()
+
+
+# Even nodes, uneven ones, nodes of one rank, three nodes (a link of three members: the partials' two-round
+# form), and more nodes than EXCHANGE_NODES (Gloo's all_to_all and all_gather carry the partials; a few dtypes,
+# 9 ranks on 2 cores being slow).
+LAYOUTS = {"1+1": [0, 1], "2+2": [0, 0, 1, 1], "2+1": [0, 0, 1], "3+1": [0, 0, 0, 1], "3x1": [0, 1, 2],
+           "1+2+1": [0, 1, 1, 2], "9x1": list(range(9))}
+FEW_DTYPES = {"9x1": "float32,int16,bool,complex64"}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_reduction_across_nodes(layout):
+    """Every reduce op with every dtype it accepts, on all_reduce, reduce (every root), reduce_scatter_tensor and
+    reduce_scatter, at sizes that take each plan, against local references; refused ones raise alike and leave
+    the group usable."""
+    rank_nodes = LAYOUTS[layout]
+    small, segment = int(SMALL_CHUNKS["SHMCOLL_SMALL_BYTES"]), int(SMALL_CHUNKS["SHMCOLL_SEGMENT_BYTES"])
+    dtypes = FEW_DTYPES.get(layout, "")
+    result = spawn("tests.reduction_scenarios:every_reduction", len(rank_nodes), env=SMALL_CHUNKS,
+                   args=[str(small), str(segment), dtypes], rank_env=_hosts(rank_nodes), timeout=300)
+    assert_job_passes(result, min_cases=len(reduction_scenarios.planned(len(rank_nodes), small, segment, dtypes)))
+
+
+@pytest.mark.parametrize("layout", ["2+2", "1+2+1", "9x1"])
+def test_every_dtype_moved_across_nodes(layout):
+    """Every data-movement collective with every dtype: Gloo's own collectives refuse some unless given bytes."""
+    rank_nodes = LAYOUTS[layout]
+    result = spawn("tests.movement_scenarios:every_dtype_moved", len(rank_nodes), env=SMALL_CHUNKS,
+                   args=["3001" if len(rank_nodes) < 9 else "31"], rank_env=_hosts(rank_nodes), timeout=300)
+    world = len(rank_nodes)
+    per_dtype = 3 * (world + 2 * len({0, world - 1}) + 2)
+    assert_job_passes(result, min_cases=per_dtype * len(movement_scenarios.DTYPES))
 
 
 @pytest.mark.parametrize("rank_nodes", [[0, 0, 1, 1], [0, 0, 1]], ids=["2x2", "2+1"])

@@ -82,24 +82,23 @@ class OpSpec(NamedTuple):
     natures: frozenset  # the DType natures whose kernels implement it
     average: bool  # the kernel divides the sum by its ``scale`` (the number of contributions)
     complex: bool  # defined for complex tensors, reduced as their real view (a linear op)
-    gloo: str  # what Gloo applies to partial results between nodes (its ReduceOp, lower case)
 
 
 _ANY, _BITWISE, _FLOATS = frozenset((FLOAT, INTEGER, BOOL)), frozenset((INTEGER, BOOL)), frozenset((FLOAT,))
 
 REDUCE_OPS = tuple(OpSpec(*row) for row in (
-    # name     kernel  natures   average complex  Gloo between nodes
-    ("sum",      0,    _ANY,     False,  True,    "sum"),
-    ("product",  1,    _ANY,     False,  False,   "product"),
-    ("min",      2,    _ANY,     False,  False,   "min"),
-    ("max",      3,    _ANY,     False,  False,   "max"),
-    ("band",     4,    _BITWISE, False,  False,   "band"),
-    ("bor",      5,    _BITWISE, False,  False,   "bor"),
-    ("bxor",     6,    _BITWISE, False,  False,   "bxor"),
+    # name     kernel  natures   average complex
+    ("sum",      0,    _ANY,     False,  True),
+    ("product",  1,    _ANY,     False,  False),
+    ("min",      2,    _ANY,     False,  False),
+    ("max",      3,    _ANY,     False,  False),
+    ("band",     4,    _BITWISE, False,  False),
+    ("bor",      5,    _BITWISE, False,  False),
+    ("bxor",     6,    _BITWISE, False,  False),
     # AVG: the SUM, divided by ``scale`` (the number of contributions) before the one
     # rounding. Division, not a multiply by 1/scale, so the result is the correctly
     # rounded mean, as Gloo computes it. Between nodes a SUM, divided at the end.
-    ("avg",      7,    _FLOATS,  True,   True,    "sum"),
+    ("avg",      7,    _FLOATS,  True,   True),
 ))
 _BY_KERNEL = {op.kernel: op for op in REDUCE_OPS}
 

@@ -38,7 +38,6 @@ class Op(NamedTuple):
     kernel: int  # shmcoll.kernel_abi op code
     average: bool  # the kernel divides the sum by its ``scale`` argument (the rank count)
     code: int  # descriptor op code: kernel + 1 (0: no op)
-    gloo: ReduceOp  # what Gloo applies to partial results between nodes (AVG: SUM, divided after)
 
 
 def _kind(spec: kernel_abi.OpSpec):
@@ -46,8 +45,7 @@ def _kind(spec: kernel_abi.OpSpec):
     return getattr(ReduceOp.RedOpType, spec.name.upper())
 
 
-_OPS = {_kind(o): Op(o.name, o.kernel, o.average, o.kernel + 1, getattr(ReduceOp, o.gloo.upper()))
-        for o in kernel_abi.REDUCE_OPS}
+_OPS = {_kind(o): Op(o.name, o.kernel, o.average, o.kernel + 1) for o in kernel_abi.REDUCE_OPS}
 # complex tensors are reduced as their real view: the linear ops only
 _COMPLEX_KINDS = frozenset([_kind(o) for o in kernel_abi.REDUCE_OPS if o.complex] + [ReduceOp.RedOpType.PREMUL_SUM])
 
@@ -65,15 +63,19 @@ def reduce_op(kind, dtype: torch.dtype) -> tuple[Op, kernel_abi.DType]:
     AVG of integers resolves to SUM (``Reduction.int_average`` divides after).
     """
     op = _OPS.get(kind)
-    if op is None:
-        if kind == ReduceOp.RedOpType.PREMUL_SUM:
-            op = _OPS[ReduceOp.RedOpType.SUM]
-        else:
-            raise ValueError(f"shm backend does not support reduce op {kind}")
+    if op is None and kind != ReduceOp.RedOpType.PREMUL_SUM:
+        raise ValueError(f"shm backend does not support reduce op {kind}")
     dt = DTYPES.get(dtype)
     if dt is None:
         raise TypeError(f"shm backend cannot reduce tensors of dtype {dtype}; "
                         f"supported: {', '.join(str(t) for t in DTYPES)}")
+    if op is None:
+        # NCCL's rule: a factor scales floating-point values only (it would be rounded to 0 or 1 for
+        # an integer or bool, and the kernels would not apply it at all).
+        if dt.nature != kernel_abi.FLOAT:
+            raise ValueError(f"reduce op PREMUL_SUM is not defined for {dtype} tensors (only floating-point "
+                             f"and complex ones)")
+        op = _OPS[ReduceOp.RedOpType.SUM]
     # AVG of integer tensors has NCCL's meaning (Lightning's sync_dist relies on it): the
     # sum, in the tensor's dtype, divided by the group size and rounded toward zero.
     if op.average and dt.nature == kernel_abi.INTEGER:

@@ -1,10 +1,11 @@
 """Collectives over one Gloo group of all ranks: what runs across nodes when no hierarchical plan does.
 
 Correct first: every call waits for Gloo before returning (the backend's
-progress engine provides asynchrony and issue order). Reductions map to what
-Gloo computes (``Op.gloo``): AVG is Gloo's SUM divided afterwards, PREMUL_SUM
-multiplies the input by its factor first; complex tensors travel as their real
-view; non-contiguous tensors through a contiguous stand-in.
+progress engine provides asynchrony and issue order); non-contiguous tensors go
+through a contiguous stand-in. Gloo only moves bytes here (``as_bytes``): a
+reduce-scatter is its all_to_all of the blocks, combined by the arena's kernels
+in rank order (``partials.combine``), so that every dtype and (op, dtype) works
+as it does inside a node.
 """
 from __future__ import annotations
 
@@ -13,13 +14,9 @@ import torch.distributed as dist
 
 from shmcoll import ops
 from shmcoll._torch_compat import AllgatherOptions
+from shmcoll.placement.across.network import as_bytes
+from shmcoll.placement.across.partials import combine
 from shmcoll.staging import staged, staged_empty, unstage
-
-def _premultiplied(work: torch.Tensor, red: ops.Reduction) -> torch.Tensor:
-    """What this rank contributes to Gloo's reduction: the input, times PREMUL_SUM's factor."""
-    if red.scale != 1.0 and not red.op.average:
-        return work * red.scale
-    return work
 
 
 # Tags on the group: a user's point-to-point message with tag t travels with tag 2t, the plans' own
@@ -43,41 +40,19 @@ class Flat:
         self.rank = rank
         self.size = size
 
-    def allreduce(self, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
-        flat = red.view(tensor)
-        work = staged(flat)
-        data = _premultiplied(work, red)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = red.op.gloo
-        self.group.allreduce([data], opts).wait()
-        if data is not work:
-            work.copy_(data)
-        red.average(work)
-        unstage(flat, work)
-
-    def reduce(self, tensor: torch.Tensor, root: int, red: ops.Reduction, desc: int) -> None:
-        flat = red.view(tensor)
-        work = staged(flat)
-        data = _premultiplied(work, red)
-        if data is work and self.rank != root:
-            data = work.clone()  # Gloo may use a non-root's buffer as scratch; the caller's stays as it was
-        opts = dist.ReduceOptions()
-        opts.reduceOp = red.op.gloo
-        opts.rootRank = root
-        self.group.reduce([data], opts).wait()
-        if self.rank == root:
-            if data is not work:
-                work.copy_(data)
-            red.average(work)
-            unstage(flat, work)
-
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
+        """``input``: contiguous, every rank's block for ``output`` in rank order."""
         out = red.view(output)
-        source = _premultiplied(red.view(input), red)
+        count = out.numel()
+        if count == 0:
+            return
+        rows = torch.empty((self.size, count), dtype=out.dtype)  # every rank's block for this rank
+        block = count * out.element_size()
+        self.group.alltoall_base(as_bytes(rows), as_bytes(red.view(input)), [block] * self.size,
+                                 [block] * self.size, dist.AllToAllOptions()).wait()
         target = staged_empty(out)
-        opts = dist.ReduceScatterOptions()
-        opts.reduceOp = red.op.gloo
-        self.group._reduce_scatter_base(target.view(-1), source.reshape(-1), opts).wait()
+        _, scale = red.across  # the inputs themselves: PREMUL_SUM's factor applies here
+        combine(red, target.view(-1), rows, scale)
         red.average(target)
         unstage(out, target)
 
@@ -85,25 +60,27 @@ class Flat:
         work = staged(tensor)
         opts = dist.BroadcastOptions()
         opts.rootRank = root
-        self.group.broadcast([work], opts).wait()
+        self.group.broadcast([as_bytes(work)], opts).wait()
         unstage(tensor, work)
 
     def allgather(self, outputs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
         targets = [staged_empty(out) for out in outputs]
-        self.group.allgather([targets], [input.contiguous()], AllgatherOptions()).wait()
+        self.group.allgather([[as_bytes(t) for t in targets]], [as_bytes(input.contiguous())],
+                             AllgatherOptions()).wait()
         for out, target in zip(outputs, targets):
             unstage(out, target)
 
     def allgather_into(self, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
         target = staged_empty(output)
-        self.group._allgather_base(target.view(-1), input.contiguous().view(-1), AllgatherOptions()).wait()
+        self.group._allgather_base(as_bytes(target), as_bytes(input.contiguous()), AllgatherOptions()).wait()
         unstage(output, target)
 
     def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int, desc: int) -> None:
         targets = [staged_empty(out) for out in outputs] if outputs is not None else None
         opts = dist.GatherOptions()
         opts.rootRank = root
-        self.group.gather([targets] if targets is not None else [], [input.contiguous()], opts).wait()
+        self.group.gather([[as_bytes(t) for t in targets]] if targets is not None else [],
+                          [as_bytes(input.contiguous())], opts).wait()
         for out, target in zip(outputs or [], targets or []):
             unstage(out, target)
 
@@ -111,13 +88,13 @@ class Flat:
         target = staged_empty(output)
         opts = dist.ScatterOptions()
         opts.rootRank = root
-        sources = [[t.contiguous() for t in inputs]] if inputs is not None else []
-        self.group.scatter([target], sources, opts).wait()
+        sources = [[as_bytes(t.contiguous()) for t in inputs]] if inputs is not None else []
+        self.group.scatter([as_bytes(target)], sources, opts).wait()
         unstage(output, target)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], desc: int) -> None:
         # As one all_to_all_single of bytes: Gloo's list form refuses tensors of different sizes.
-        source = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in inputs])
+        source = torch.cat([as_bytes(t.contiguous()) for t in inputs])
         target = torch.empty(sum(t.nbytes for t in outputs), dtype=torch.uint8)
         self.group.alltoall_base(target, source, [t.nbytes for t in outputs], [t.nbytes for t in inputs],
                                  dist.AllToAllOptions()).wait()
@@ -128,11 +105,10 @@ class Flat:
             offset += n
 
     def alltoall_single(self, output: torch.Tensor, input: torch.Tensor, out_blocks, in_blocks, desc: int) -> None:
+        """``out_blocks``/``in_blocks``: (byte offset, byte count) of each rank's block."""
         target = staged_empty(output)
-        out_splits = _rows(out_blocks, output)
-        in_splits = _rows(in_blocks, input)
-        self.group.alltoall_base(target, input.contiguous(), out_splits, in_splits,
-                                 dist.AllToAllOptions()).wait()
+        self.group.alltoall_base(as_bytes(target), as_bytes(input.contiguous()), [n for _, n in out_blocks],
+                                 [n for _, n in in_blocks], dist.AllToAllOptions()).wait()
         unstage(output, target)
 
     def barrier(self, desc: int) -> None:
@@ -156,9 +132,3 @@ class Flat:
             self.group.shutdown()
             self.group = None
 
-
-def _rows(blocks, tensor: torch.Tensor) -> list[int]:
-    """Split sizes in rows from (byte offset, byte count) blocks."""
-    rows = tensor.shape[0] if tensor.dim() else 1
-    row_bytes = tensor.nbytes // rows if rows else 1
-    return [n // row_bytes if row_bytes else 0 for _, n in blocks]

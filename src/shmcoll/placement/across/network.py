@@ -8,7 +8,8 @@ the bytes this rank handed to Gloo for other nodes (benchmarks, the netns test).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -21,9 +22,21 @@ from shmcoll.errors import InterNodeError
 EXCHANGE_NODES = 8
 
 
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes, as Gloo's collectives are given them: they refuse int16, uint16-64 and
+    the float8 types, and gather no complex tensor, while bytes go through every one of them."""
+    return tensor.view(-1).view(torch.uint8)
+
+
 class Pending(NamedTuple):
     works: tuple  # c10d Works, all of one network stage
     what: str  # "all_reduce on rail 1 (ranks 1, 3)", for errors
+    # What follows once the works are done: a local step that may start the stage's next network round
+    # (a reduce-scatter's combine, then its all-gather), returning that round's Pending, or None.
+    then: Callable[[], Pending | None] | None = None
+
+    def followed_by(self, step: Callable[[], Pending | None]) -> Pending:
+        return self._replace(then=step)
 
 
 class Link:
@@ -49,12 +62,15 @@ class Link:
         self.sent += nbytes
         return Pending((work,), label)
 
-    def wait(self, pending: Pending) -> None:
-        try:
-            for work in pending.works:
-                work.wait()
-        except Exception as error:
-            raise self._failed(pending.what, error) from error
+    def wait(self, pending: Pending | None) -> None:
+        """Until ``pending`` and every round that follows it are done."""
+        while pending is not None:
+            try:
+                for work in pending.works:
+                    work.wait()
+            except Exception as error:
+                raise self._failed(pending.what, error) from error
+            pending = pending.then() if pending.then is not None else None
 
     def run(self, what: str, call, nbytes: int = 0) -> None:
         self.wait(self.start(what, call, nbytes))
@@ -83,52 +99,29 @@ class Link:
         """Send ``mine`` to every member in ``theirs`` (member -> receive buffer) and receive theirs."""
         self.wait(self.swap({member: mine for member in theirs}, theirs))
 
-    def allreduce(self, tensor: torch.Tensor, gloo_op) -> Pending:
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = gloo_op
-        nbytes = tensor.nbytes
-        return self.start("all_reduce", lambda g: g.allreduce([tensor], opts), nbytes)
-
     def allgather(self, outputs: list[torch.Tensor], input: torch.Tensor) -> Pending:
         from shmcoll._torch_compat import AllgatherOptions
 
         nbytes = input.nbytes * (len(self.ranks) - 1)
-        return self.start("all_gather", lambda g: g.allgather([outputs], [input], AllgatherOptions()), nbytes)
+        targets, source = [as_bytes(t) for t in outputs], as_bytes(input)
+        return self.start("all_gather", lambda g: g.allgather([targets], [source], AllgatherOptions()), nbytes)
 
     def alltoall(self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int],
                  in_splits: list[int]) -> Pending:
         """Gloo's all_to_all_single over the members (splits in elements of dim 0, in member order)."""
-        row = input.element_size() * (input[0].numel() if input.dim() > 1 else 1)
+        row = input.element_size() * math.prod(input.shape[1:])  # bytes of one element of dim 0
         nbytes = (sum(in_splits) - in_splits[self.position]) * row
-        return self.start("all_to_all", lambda g: g.alltoall_base(output, input, out_splits, in_splits,
+        target, source = as_bytes(output), as_bytes(input)
+        out_bytes, in_bytes = [n * row for n in out_splits], [n * row for n in in_splits]
+        return self.start("all_to_all", lambda g: g.alltoall_base(target, source, out_bytes, in_bytes,
                                                                   dist.AllToAllOptions()), nbytes)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
         opts = dist.BroadcastOptions()
         opts.rootRank = root
         nbytes = tensor.nbytes * (len(self.ranks) - 1) if root == self.position else 0
-        return self.start("broadcast", lambda g: g.broadcast([tensor], opts), nbytes)
-
-    def reduce(self, tensor: torch.Tensor, root: int, gloo_op) -> Pending:
-        opts = dist.ReduceOptions()
-        opts.reduceOp = gloo_op
-        opts.rootRank = root
-        nbytes = tensor.nbytes if root != self.position else 0
-        return self.start("reduce", lambda g: g.reduce([tensor], opts), nbytes)
-
-    def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int) -> Pending:
-        opts = dist.GatherOptions()
-        opts.rootRank = root
-        nbytes = input.nbytes if root != self.position else 0
-        return self.start("gather", lambda g: g.gather([outputs] if outputs is not None else [], [input], opts),
-                          nbytes)
-
-    def scatter(self, output: torch.Tensor, inputs: list[torch.Tensor] | None, root: int) -> Pending:
-        opts = dist.ScatterOptions()
-        opts.rootRank = root
-        nbytes = sum(t.nbytes for t in inputs or ()) - (inputs[self.position].nbytes if inputs else 0)
-        return self.start("scatter", lambda g: g.scatter([output], [inputs] if inputs is not None else [], opts),
-                          nbytes)
+        data = as_bytes(tensor)
+        return self.start("broadcast", lambda g: g.broadcast([data], opts), nbytes)
 
     def barrier(self) -> None:
         self.run("barrier", lambda g: g.barrier())

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from shmcoll import ops
-from shmcoll.placement.across import pipeline, stages
+from shmcoll.placement.across import partials, pipeline, stages
 from shmcoll.placement.across.network import EXCHANGE_NODES
 
 
@@ -57,7 +57,7 @@ def reduce_scatter(shape, output: torch.Tensor, input: torch.Tensor, red: ops.Re
     def combine(cut):
         lo, hi = cut
         _, theirs = in_flight.pop(cut)
-        stages.combine(red, flat_result[lo:hi], theirs)
+        partials.combine(red, flat_result[lo:hi], theirs)
         red.average(flat_result[lo:hi])
 
     per_segment = max(1, shape.segment_bytes // (shape.size * itemsize))
@@ -78,7 +78,7 @@ def _by_leaders(shape, out: torch.Tensor, source: torch.Tensor, red: ops.Reducti
         others = shape.other_nodes
         shape.leaders.wait(shape.leaders.swap({m: blocks[shape.nodes[m]].reshape(-1) for m in others},
                                               {m: parts[m] for m in others}))
-        stages.combine(red, ours, parts)
+        partials.combine(red, ours, parts)
     result = out if out.is_contiguous() else torch.empty(M, dtype=out.dtype)
     itemsize = work.element_size()
     stages.scatter(shape, [ours.data_ptr() + l * M * itemsize for l in range(L)], M * itemsize, 0,

@@ -3,15 +3,14 @@
 Each is one of the arena's schedules (``shmcoll.algorithms``) over raw
 addresses, or its degenerate form when this rank is alone on its node (no
 arena). Reductions here produce a node's *partial* result: the op of
-``Reduction.across`` (AVG summed, PREMUL_SUM's factor applied once, here).
-``combine`` reduces partials that arrived over the network, in node order,
-with the same kernels.
+``Reduction.across`` (AVG summed, PREMUL_SUM's factor applied once, here);
+``partials`` combines the nodes' partials with the same kernels.
 """
 from __future__ import annotations
 
 import torch
 
-from shmcoll import _reduce, ops
+from shmcoll import ops
 from shmcoll._copy import copy
 from shmcoll.algorithms import allgather as _allgather
 from shmcoll.algorithms import allreduce as _allreduce
@@ -91,14 +90,3 @@ def barrier(shape, desc: int) -> None:
     if shape.arena is not None:
         _barrier.barrier(shape.arena, desc)
 
-
-def combine(red: ops.Reduction, out: torch.Tensor, parts: torch.Tensor) -> None:
-    """``out`` = parts[0] op parts[1] op ... (rows of contiguous ``parts``: the partials of the nodes,
-    in node order, so that every rank that combines them gets the same bits)."""
-    op, _ = red.across
-    count = out.numel()
-    if len(parts) == 1:
-        out.copy_(parts[0])
-        return
-    _reduce.combine(red.kernel, out.data_ptr(), parts[0].data_ptr(), parts[1].data_ptr(), len(parts) - 1,
-                    parts.stride(0), count, op, 1.0)
