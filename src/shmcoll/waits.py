@@ -1,7 +1,7 @@
 """Every wait of shmcoll on its peers goes through here: one policy, one set of checks.
 
 The fast part of a wait is Cython (``_sync.wait_rank``/``wait_ranks``, and the
-C schedules of ``_reduce``): spin with a pause instruction for the spin
+C schedules of ``_schedules``): spin with a pause instruction for the spin
 budget, loop on ``sched_yield`` for the yield budget, then sleep on the futex
 of the awaited step word — for at most one *slice* (``SLICE_NS``). When a
 slice ends with the peers still behind, the wait comes back to Python, to
@@ -104,12 +104,14 @@ class Watch:
     def check(self, behind, waited_s: float, what: str, warn_after: float) -> float:
         """Raise if waiting for local ranks ``behind`` for ``waited_s`` seconds in ``what`` must stop;
         else log when the wait is long. Returns when to warn next (pass it back in)."""
+        # Read before the abort flag: abort() sets the flag, then the abandoned word (Arena.abort), so a rank
+        # that aborted from another thread meanwhile is seen as aborted, not as a peer that gave up.
+        gave_up = self._abandoned()
         self.raise_if_aborted(what)
         dead = [r for r in behind if not process_alive(self._pid(r))]
         if dead:
             raise PeerDiedError(f"rank(s) {names(self.ranks, dead)} died (process exited) before reaching "
                                 f"{what}; rank {self.ranks[self.me]} was waiting for them")
-        gave_up = self._abandoned()
         if gave_up is not None:
             raise InterNodeError(f"rank {gave_up} gave up on {what} after an error (see its message), so its "
                                  f"node's shared-memory steps cannot complete; rank {self.ranks[self.me]} was "
