@@ -67,8 +67,7 @@ cdef enum:
     PREFETCH_AHEAD = 16
     PREFETCH_BYTES = 512
 
-ctypedef void (*kernel_t)(void *out, void *first, void *rows, int64_t nrows, int64_t row_stride,
-                          int64_t n, int64_t op, double scale) noexcept nogil
+from schedule cimport kernel_t
 
 
 cdef inline int _compare(const int64_t *a, const int64_t *b, int dims) noexcept nogil:

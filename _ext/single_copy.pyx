@@ -8,7 +8,7 @@ straight from its address space with ``process_vm_readv`` (what Open MPI's
 smsc/cma does): one copy. The owner may change its buffer again only once every
 reader is done, which a last step says ("I finished reading your buffers").
 
-Each schedule runs in C with the GIL released, like those of ``_reduce``:
+Each schedule runs in C with the GIL released, like those of ``_schedules``:
 posts, waits that return to Python when a slice expires (position p waits for
 step base + p + 1; ``resume`` as there), the reads, and the reduction kernel
 called by address. A read that fails (the peer exited: ESRCH; its buffer is
@@ -18,6 +18,8 @@ rank posted and the highest step it saw every rank reach (``Steps.record_schedul
 """
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t, int32_t
 from libc.string cimport memcpy
+
+from schedule cimport kernel_t, STATUS_DONE, STATUS_MISMATCH, STATUS_FAILED, STATUS_SIZES
 
 include "lines.pxi"
 
@@ -31,20 +33,13 @@ cdef extern from "<sys/uio.h>" nogil:
     ssize_t process_vm_readv(int pid, const iovec *local_iov, unsigned long liovcnt,
                              const iovec *remote_iov, unsigned long riovcnt, unsigned long flags)
 
-ctypedef void (*kernel_t)(void *out, void *first, void *rows, int64_t nrows, int64_t row_stride,
-                          int64_t n, int64_t op, double scale) noexcept nogil
-
 cdef enum:
-    _DONE = -1
-    _MISMATCH = -2
-    _FAILED = -3
-    _SIZES = -4
-    _ON = -5  # _open's "go on"; never returned to Python
+    _ON = -100  # _open's "go on"; never returned to Python
 
-DONE = _DONE
-MISMATCH = _MISMATCH
-FAILED = _FAILED
-SIZES = _SIZES  # all_to_all: the size tables disagree (every rank sees the same tables, so every rank says so)
+DONE = STATUS_DONE
+MISMATCH = STATUS_MISMATCH
+FAILED = STATUS_FAILED
+SIZES = STATUS_SIZES  # all_to_all: the size tables disagree (every rank sees the same tables, so every rank says so)
 
 
 cdef inline uint64_t *_address_slot(uintptr_t lines, int rank, uint32_t step) noexcept nogil:
@@ -135,7 +130,7 @@ cdef class SingleCopy:
             if not self._wait_all(base + 1):
                 return 0
         if resume < 1 and _first_mismatch(self.lines, 0, self.size, base + 1, desc) >= 0:
-            return _MISMATCH
+            return STATUS_MISMATCH
         return _ON
 
     cdef inline uintptr_t _their(self, int peer, uint32_t step) noexcept nogil:
@@ -147,7 +142,7 @@ cdef class SingleCopy:
     cdef inline Py_ssize_t _fail(self, int peer, int err) noexcept nogil:
         self.failed_peer = peer
         self.failed_errno = err
-        return _FAILED
+        return STATUS_FAILED
 
     # -- schedules ---------------------------------------------------------------------
 
@@ -173,7 +168,7 @@ cdef class SingleCopy:
                 return 0
         if resume < 1:
             if _first_mismatch(self.lines, 0, self.size, base + 1, desc) >= 0:
-                return _MISMATCH
+                return STATUS_MISMATCH
             for peer in range(self.size):
                 if peer != me:
                     err = _read(self._pid(peer), out + peer * out_stride, self._their(peer, base + 1), nbytes)
@@ -182,7 +177,7 @@ cdef class SingleCopy:
             self._post_step(base + 2, desc)
             if not self._wait_all(base + 2):
                 return 1
-        return _DONE
+        return STATUS_DONE
 
     def broadcast(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root,
                   Py_ssize_t resume):
@@ -210,7 +205,7 @@ cdef class SingleCopy:
             self._post_step(base + 2, desc)
             if me == root and not self._wait_all(base + 2):
                 return 1
-        return _DONE
+        return STATUS_DONE
 
     def gather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root, uintptr_t outs,
                Py_ssize_t resume):
@@ -244,7 +239,7 @@ cdef class SingleCopy:
             self._post_step(base + 2, desc)
             if not self._wait_all(base + 2):
                 return 1
-        return _DONE
+        return STATUS_DONE
 
     def scatter(self, uint32_t base, uint64_t desc, uintptr_t ins, Py_ssize_t nbytes, int root, uintptr_t out,
                 Py_ssize_t resume):
@@ -280,7 +275,7 @@ cdef class SingleCopy:
         # The root's own block last: its output may overlap an input a peer was reading.
         if me == root and <uintptr_t>out != (<uint64_t *>ins)[me]:
             memcpy(out, <char *>(<uint64_t *>ins)[me], nbytes)
-        return _DONE
+        return STATUS_DONE
 
     def alltoall(self, uint32_t base, uint64_t desc, uintptr_t sends, uintptr_t recvs, uintptr_t tables,
                  Py_ssize_t table_stride, Py_ssize_t resume):
@@ -310,7 +305,7 @@ cdef class SingleCopy:
                 for other in range(size):
                     if ((<int64_t *>(tables + peer * table_stride))[other]
                             != (<int64_t *>(tables + other * table_stride))[size + peer]):
-                        return _SIZES
+                        return STATUS_SIZES
             for peer in range(size):
                 if peer == me:
                     if recvs[2 * me] != (<uint64_t *>sends)[2 * me]:
@@ -324,7 +319,7 @@ cdef class SingleCopy:
             self._post_step(base + 2, desc)
             if not self._wait_all(base + 2):
                 return 1
-        return _DONE
+        return STATUS_DONE
 
     def reduce_scatter(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t block_count,
                        Py_ssize_t block_stride, int itemsize, uintptr_t out, uintptr_t kernel, int64_t op,
@@ -361,7 +356,7 @@ cdef class SingleCopy:
             lo = me * count // size
             status = self._reduce_blocks(base, desc, addr, lo * itemsize, (me + 1) * count // size - lo, itemsize,
                                          <char *>(addr + lo * itemsize), kernel, op, scale, resume)
-            if status != _DONE:
+            if status != STATUS_DONE:
                 return status
         if resume < 3:
             for peer in range(size):
@@ -375,7 +370,7 @@ cdef class SingleCopy:
             self._post_step(base + 3, desc)
             if not self._wait_all(base + 3):
                 return 2
-        return _DONE
+        return STATUS_DONE
 
     def reduce(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize, int root,
                uintptr_t kernel, int64_t op, double scale, Py_ssize_t resume):
@@ -403,7 +398,7 @@ cdef class SingleCopy:
             self._post_step(base + 2, desc)
             if not self._wait_all(base + 2):
                 return 1
-        return _DONE
+        return STATUS_DONE
 
     cdef Py_ssize_t _reduce_blocks(self, uint32_t base, uint64_t desc, uintptr_t buffer, Py_ssize_t offset,
                                    Py_ssize_t count, int itemsize, char *out, kernel_t kernel, int64_t op,
@@ -436,4 +431,4 @@ cdef class SingleCopy:
             self._post_step(base + 2, desc)
             if not self._wait_all(base + 2):
                 return 1
-        return _DONE
+        return STATUS_DONE

@@ -1,31 +1,83 @@
 #!/usr/bin/env bash
-# The few-ranks-many-threads benchmarks of issue 14, in one command, on a machine with many cores
-# (BENCHMARKS.md, "Threads per rank"):
+# Few ranks with many threads each (BENCHMARKS.md, "Threads per rank"): everything issue 41 measures, in one
+# command, on a machine with many cores:
 #
-#   bash bench/threads.sh            # uses .venv if there is one, else the python on PATH
+#   bash bench/threads.sh                  # uses .venv if there is one, else the python on PATH
+#   BASE=../other-checkout bash bench/threads.sh   # also that build of shmcoll (built in place), same run
 #
-# For each layout RANKS x THREADS (default 2x8 4x4 8x2 16x1; LAYOUTS="2x1 4x1" on 2 cores): the
-# interleaved shm-vs-gloo sweep of all_reduce, all_gather_into_tensor, reduce_scatter_tensor and
-# broadcast from 64 KiB to 64 MiB with that many torch threads per rank, each with the copy ceiling
-# (every rank copying 64 MiB with copy_ on its threads at once) measured in the same job; then the
-# DDP step at 2x8 and 4x4. Results: results/threads-RxT.json and results/ddp-RxT.json.
+# Parts, in order of importance (PARTS picks some; default all), results under results/threads/:
+#   sweep    per layout RANKS x THREADS in LAYOUTS (default "2x8 4x4"; "2x1 4x1" on 2 cores): the interleaved
+#            shm-vs-Gloo sweep of all_reduce, all_gather_into_tensor, reduce_scatter_tensor and broadcast,
+#            64 KiB-64 MiB, float32 and bfloat16, that many torch threads per rank, and the copy ceiling
+#            (every rank copying 64 MiB with copy_ on its threads at once) in the same job
+#   base     BASE's build at the first layout, 64 KiB-1 MiB, shm only (the before of a before/after)
+#   ddp      the DDP step at each layout of DDP_LAYOUTS (default: LAYOUTS): shm, Gloo, no communication
+#   peers    DeepSpeed's CPU shared-memory all-reduce beside shm and Gloo (bench/peer_deepspeed.py), each layout,
+#            8 B-64 MiB; skipped with a note where DeepSpeed is not installed
+#   split    SHMCOLL_THREAD_BYTES 8K, 16K and 64K at the first layout, 64 KiB-1 MiB, shm only: where lanes pay
+#   oneshot  the all-reduce at 8x2 and 16x1 ranks (ONESHOT_LAYOUTS), 1-256 KiB: every size one-shot
+#            (SHMCOLL_SMALL_BYTES=256K) against every size in two steps (SHMCOLL_SMALL_BYTES=512), shm only
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
-LAYOUTS=${LAYOUTS:-"2x8 4x4 8x2 16x1"}
-DDP_LAYOUTS=${DDP_LAYOUTS:-"2x8 4x4"}
-mkdir -p results
-for layout in $LAYOUTS; do
-    ranks=${layout%x*} threads=${layout#*x}
-    echo "== sweep ${ranks} ranks x ${threads} threads" >&2
-    OMP_NUM_THREADS=$threads "$PY" -m torch.distributed.run --nproc_per_node="$ranks" bench/sweep.py \
-        --threads "$threads" --min-bytes 64K --max-bytes 64M --step 4 --rounds 3 --iters-time 0.1 \
-        --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast --dtypes float32,bfloat16 \
-        --json "results/threads-${layout}.json"
-done
-for layout in $DDP_LAYOUTS; do
-    ranks=${layout%x*} threads=${layout#*x}
-    echo "== DDP ${ranks} ranks x ${threads} threads" >&2
-    OMP_NUM_THREADS=$threads "$PY" -m torch.distributed.run --nproc_per_node="$ranks" bench/bench_ddp.py \
-        --threads "$threads" --bucket-view --json "results/ddp-${layout}.json"
-done
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+LAYOUTS=${LAYOUTS:-"2x8 4x4"}
+DDP_LAYOUTS=${DDP_LAYOUTS:-$LAYOUTS}
+ONESHOT_LAYOUTS=${ONESHOT_LAYOUTS:-"8x2 16x1"}
+PARTS=${PARTS:-"sweep base ddp peers split oneshot"}
+OUT=${RESULTS:-results/threads}
+mkdir -p "$OUT"
+first=${LAYOUTS%% *}
+
+wants() { [[ " $PARTS " == *" $1 "* ]]; }
+
+# torchrun with RANKS x THREADS (torchrun alone would set OMP_NUM_THREADS=1), then the script and its arguments.
+run() {
+    local layout=$1; shift
+    local ranks=${layout%x*} threads=${layout#*x}
+    OMP_NUM_THREADS=$threads "$PY" -m torch.distributed.run --nproc_per_node="$ranks" "$@" --threads "$threads"
+}
+
+sweep() {  # layout, json name, extra sweep arguments
+    local layout=$1 name=$2; shift 2
+    echo "== $name: sweep at $layout $*" >&2
+    run "$layout" bench/sweep.py --rounds 3 --iters-time 0.1 --json "$OUT/$name.json" "$@"
+}
+
+if wants sweep; then
+    for layout in $LAYOUTS; do
+        sweep "$layout" "sweep-$layout" --min-bytes 64K --max-bytes 64M --step 4 \
+            --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast --dtypes float32,bfloat16
+    done
+fi
+if wants base && [ -n "${BASE:-}" ]; then
+    PYTHONPATH="$(cd "$BASE" && pwd)/src${PYTHONPATH:+:$PYTHONPATH}" sweep "$first" "base-$first" --backends shm \
+        --min-bytes 64K --max-bytes 1M --step 4 --memcpy-time 0.1
+fi
+if wants ddp; then
+    for layout in $DDP_LAYOUTS; do
+        echo "== DDP at $layout" >&2
+        run "$layout" bench/bench_ddp.py --bucket-view --json "$OUT/ddp-$layout.json"
+    done
+fi
+if wants peers; then
+    for layout in $LAYOUTS; do
+        echo "== DeepSpeed's all-reduce beside shm and Gloo at $layout" >&2
+        run "$layout" bench/peer_deepspeed.py --min-bytes 8 --max-bytes 64M --rounds 3 \
+            --json "$OUT/peers-$layout.json" || echo "peers at $layout failed (see above)" >&2
+    done
+fi
+if wants split; then
+    for bytes in 8K 16K 64K; do
+        SHMCOLL_THREAD_BYTES=$bytes sweep "$first" "split-$bytes" --backends shm --min-bytes 64K --max-bytes 1M \
+            --step 4 --memcpy-time 0.1
+    done
+fi
+if wants oneshot; then
+    for layout in $ONESHOT_LAYOUTS; do
+        for small in 256K 512; do
+            SHMCOLL_SMALL_BYTES=$small sweep "$layout" "oneshot-$layout-$small" --backends shm --ops all_reduce \
+                --dtypes float32 --min-bytes 1K --max-bytes 256K --step 2 --memcpy-time 0.1
+        done
+    done
+fi
+echo "results in $OUT" >&2

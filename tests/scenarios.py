@@ -785,21 +785,33 @@ def no_numba_after_init(cases):
     cases.check("no_numba/modules", not loaded, f"rank {rank} imported {loaded[:5]}")
 
 
+def lane_threads() -> list[str]:
+    """The ids of this process's lane threads (native threads, named shmcoll-lane<j>)."""
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                if f.read().startswith("shmcoll-lane"):
+                    found.append(task)
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return found
+
+
 def lane_threads_sleep(cases):
     """After a collective split over lanes, the lane threads take no CPU while nothing runs."""
-    import threading
     import time
 
     x = torch.ones(1 << 20)  # 4 MiB: several lanes at the default SHMCOLL_THREAD_BYTES
     dist.all_reduce(x)
     cases.check("lanes/result", bool((x == dist.get_world_size()).all()), "wrong all_reduce result")
-    lanes = [t for t in threading.enumerate() if t.name.startswith("shmcoll-lane")]
-    cases.check("lanes/started", len(lanes) >= 1, f"no lane threads among {[t.name for t in threading.enumerate()]}")
+    lanes = lane_threads()
+    cases.check("lanes/started", len(lanes) >= 1, "no shmcoll-lane thread in /proc/self/task")
 
     def ticks() -> int:  # user + system time of the lane threads, in clock ticks
         total = 0
-        for t in lanes:
-            with open(f"/proc/self/task/{t.native_id}/stat") as f:
+        for task in lanes:
+            with open(f"/proc/self/task/{task}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])
         return total
@@ -809,3 +821,5 @@ def lane_threads_sleep(cases):
     used = ticks() - before
     cases.check("lanes/idle", used <= 2, f"idle lane threads used {used} clock ticks in 1 s")
     dist.barrier()
+    dist.destroy_process_group()
+    cases.check("lanes/gone", not lane_threads(), f"lane threads left after destroy_process_group: {lane_threads()}")

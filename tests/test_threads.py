@@ -41,5 +41,6 @@ def test_ranks_asking_for_different_thread_counts_agree():
 
 
 def test_idle_lane_threads_sleep():
+    """After a collective split over lanes the lane threads use no CPU, and destroy_process_group ends them."""
     result = spawn("tests.scenarios:lane_threads_sleep", 2, env={"SHMCOLL_THREADS": "4"})
-    assert_job_passes(result, min_cases=3)
+    assert_job_passes(result, min_cases=4)

@@ -6,7 +6,7 @@ KiB = 1024
 MiB = 1024 * KiB
 
 
-def _bytes(text: str) -> int:
+def parse_bytes(text: str) -> int:
     """Parse '4096', '256K', '1M', '2G' (binary units)."""
     text = text.strip().upper().removesuffix("B").removesuffix("I")
     scale = {"K": KiB, "M": MiB, "G": 1024 * MiB}.get(text[-1:], 1)
@@ -34,7 +34,7 @@ class Settings:
     small_bytes: int = field(default=64 * KiB, metadata=GROUP_WIDE)
     p2p_bytes: int = field(default=64 * KiB, metadata=GROUP_WIDE)
     threads: int | None = None  # lanes per rank; None: torch.get_num_threads() (the node agrees on the least)
-    thread_bytes: int = field(default=512 * KiB, metadata=GROUP_WIDE)  # least bytes per lane
+    thread_bytes: int = field(default=16 * KiB, metadata=GROUP_WIDE)  # least bytes per lane
     segment_bytes: int = field(default=2 * MiB, metadata=GROUP_WIDE)  # across nodes: bytes per pipeline segment
     single_copy: str = field(default="auto", metadata=GROUP_WIDE)  # "auto", "0" (never) or "1" (every size)
     spin_us: float | None = None
@@ -44,12 +44,12 @@ class Settings:
 
 _PARSERS = {
     "shm_dir": ("SHMCOLL_SHM_DIR", str),
-    "chunk_bytes": ("SHMCOLL_CHUNK_BYTES", _bytes),
-    "small_bytes": ("SHMCOLL_SMALL_BYTES", _bytes),
-    "p2p_bytes": ("SHMCOLL_P2P_BYTES", _bytes),
+    "chunk_bytes": ("SHMCOLL_CHUNK_BYTES", parse_bytes),
+    "small_bytes": ("SHMCOLL_SMALL_BYTES", parse_bytes),
+    "p2p_bytes": ("SHMCOLL_P2P_BYTES", parse_bytes),
     "threads": ("SHMCOLL_THREADS", int),
-    "thread_bytes": ("SHMCOLL_THREAD_BYTES", _bytes),
-    "segment_bytes": ("SHMCOLL_SEGMENT_BYTES", _bytes),
+    "thread_bytes": ("SHMCOLL_THREAD_BYTES", parse_bytes),
+    "segment_bytes": ("SHMCOLL_SEGMENT_BYTES", parse_bytes),
     "single_copy": ("SHMCOLL_SINGLE_COPY", _single_copy),
     "spin_us": ("SHMCOLL_SPIN_US", float),
     "yield_us": ("SHMCOLL_YIELD_US", float),

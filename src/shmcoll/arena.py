@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shmcoll import _reduce, _segment, _single_copy, _sync
+from shmcoll import _schedules, _segment, _single_copy, _sync
 from shmcoll import descriptors, waits
 from shmcoll.errors import AttachError, CollectiveError, PeerAttachError, PeerDiedError, ShmcollError
 
@@ -45,7 +45,7 @@ MAGIC = 0x324C4C4F434D4853  # "SHMCOLL2" little-endian: the header below
 HEADER_BYTES = 256
 # uint64 words of the header. The creator writes what the layout was derived from, and every rank
 # that maps the segment checks it against what it derived itself (``_check_header``).
-MAGIC_WORD, LOCAL_SIZE_WORD, CHUNK_WORD, P2P_WORD, SIZE_WORD = 0, 1, 2, 4, 5
+MAGIC_WORD, LOCAL_SIZE_WORD, CHUNK_WORD, P2P_WORD, SIZE_WORD, LANES_WORD = 0, 1, 2, 4, 5, 6
 LINE_BYTES = _sync.LINE_BYTES
 PID_OFFSET = _sync.PID_OFFSET  # of a rank's pid in its control line (_ext/lines.pxi has the line's layout)
 ABANDONED_WORD = 3  # uint64 of the header: 1 + the group rank that gave up mid-collective, else 0
@@ -65,13 +65,21 @@ class Layout(NamedTuple):
     data: int  # two buffers of local_size slots of chunk_bytes
     scratch: int  # local_size private areas of chunk_bytes
     channels: int  # local_size**2 channels of p2p_bytes
+    lanes: int  # where the group has several lanes, each one's own: two buffers of local_size slots and
+    #             local_size private areas, all of lane_bytes(chunk_bytes)
     total: int
 
 
 # Most lanes (threads per rank) a large collective can be split into; each has its own control
-# lines (16 x 128 B per local rank) and at least LANE_MIN_CHUNK of every slot.
+# lines (16 x 128 B per local rank) and, in a group that has several, slots of its own.
 MAX_LANES = 16
-LANE_MIN_CHUNK = 1024
+
+
+def lane_bytes(chunk_bytes: int) -> int:
+    """Bytes of each slot (and private area) of a lane: half the arena's own, so that 8 lanes of 2 ranks
+    add 12 MiB (with the default 512 KiB chunk) and each step still moves 256 KiB, against which a step's
+    synchronisation (a few hundred nanoseconds) is small."""
+    return chunk_bytes // 2 // 64 * 64
 
 
 def table_words(local_size: int) -> int:
@@ -84,16 +92,19 @@ def table_bytes(local_size: int) -> int:
     return -(-table_words(local_size) * 8 // 64) * 64
 
 
-def layout(local_size: int, chunk_bytes: int, p2p_bytes: int) -> Layout:
-    """Where everything lives in a segment for ``local_size`` ranks."""
+def layout(local_size: int, chunk_bytes: int, p2p_bytes: int, lanes: int = 1) -> Layout:
+    """Where everything lives in a segment for ``local_size`` ranks whose collectives use up to ``lanes``
+    lanes (one: none of the lanes' slots)."""
     channel_lines = HEADER_BYTES + local_size * LINE_BYTES
     lane_lines = channel_lines + local_size * local_size * 2 * LINE_BYTES
     tables = lane_lines + MAX_LANES * local_size * LINE_BYTES
     data = _page_up(tables + 2 * local_size * table_bytes(local_size))
     scratch = data + 2 * local_size * chunk_bytes
     channels = scratch + local_size * chunk_bytes
-    return Layout(HEADER_BYTES, channel_lines, lane_lines, tables, data, scratch, channels,
-                  channels + local_size * local_size * p2p_bytes)
+    lane_data = channels + local_size * local_size * p2p_bytes
+    lane_region = 3 * local_size * lane_bytes(chunk_bytes) * lanes if lanes > 1 else 0
+    return Layout(HEADER_BYTES, channel_lines, lane_lines, tables, data, scratch, channels, lane_data,
+                  lane_data + lane_region)
 
 
 def _page_up(offset: int) -> int:
@@ -115,8 +126,8 @@ class Steps:
         self.yield_company = self.budgets.company(self.local_size)
         self.step = 0  # last step this rank posted
         self.all_reached = 0  # highest step every local rank is known to have reached
-        # Reductions and bulk moves run whole in C over these buffers (shmcoll._reduce).
-        self.schedule = _reduce.Schedule(lines, self.local_rank, self.local_size, data, scratch, chunk_bytes,
+        # Reductions and bulk moves run whole in C over these buffers (shmcoll._schedules).
+        self.schedule = _schedules.Schedule(lines, self.local_rank, self.local_size, data, scratch, chunk_bytes,
                                          arena.slot_stride, self.budgets.spin_ns, self.budgets.yield_ns,
                                          self.yield_company, _SLICE_NS)
 
@@ -143,7 +154,7 @@ class Steps:
         return self.step + 1
 
     def record_schedule(self, last_step: int, all_reached: int = 0) -> None:
-        """Note what a C schedule (``shmcoll._reduce``) did without Python: it posted every step up to
+        """Note what a C schedule (``shmcoll._schedules``) did without Python: it posted every step up to
         ``last_step`` and saw every local rank reach ``all_reached`` (0: nothing new known)."""
         self.step = last_step
         if all_reached > self.all_reached:
@@ -164,16 +175,18 @@ class Steps:
                                self.budgets.yield_ns, _SLICE_NS, self.local_rank, self.yield_company):
             self._wait_slow((local_rank,), step)
 
-    def check_same_collective(self, step: int, desc: int, among=None) -> None:
-        """Raise if a peer published ``step`` for a different collective than ours."""
+    def check_same_collective(self, step: int, desc: int, among=None, lines: int | None = None) -> None:
+        """Raise if a peer published ``step`` for a different collective than ours (on these steps' lines, or
+        on ``lines``: a lane's)."""
+        lines = self.lines if lines is None else lines
         first, stop = (0, self.local_size) if among is None else (among, among + 1)
-        other = _sync.first_mismatch(self.lines, first, stop, step & 0xFFFFFFFF, desc)
+        other = _sync.first_mismatch(lines, first, stop, step & 0xFFFFFFFF, desc)
         if other >= 0:
             ranks = self.arena.ranks
             raise CollectiveError(
                 f"mismatched collectives: rank {ranks[self.local_rank]} called "
                 f"{descriptors.describe(desc)} but rank {ranks[other]} called "
-                f"{descriptors.describe(_sync.load_desc(self.lines, other, step & 0xFFFFFFFF))} at the same point"
+                f"{descriptors.describe(_sync.load_desc(lines, other, step & 0xFFFFFFFF))} at the same point"
             )
 
     def _wait_slow(self, local_ranks, step: int) -> None:
@@ -187,24 +200,26 @@ class Arena(Steps):
     """This rank's handle on the node's shared segment: slots, steps and waits.
 
     Its own steps serve every collective; a large one may instead run in
-    several lanes at once (``lanes``, ``shmcoll.lanes``), each with steps of its own
-    over one stretch of every slot.
+    several lanes at once (``lane_schedules``, ``shmcoll.lanes``), each with steps
+    and slots of its own.
     """
 
     def __init__(self, segment, local_rank: int, local_size: int, chunk_bytes: int, p2p_bytes: int,
-                 timeout: timedelta, budgets: waits.Budgets, ranks: list[int]):
+                 timeout: timedelta, budgets: waits.Budgets, ranks: list[int], lanes: int = 1):
         self.segment = segment
         self.local_rank = local_rank
         self.local_size = local_size
         self.p2p_bytes = p2p_bytes
+        self.lane_count = lanes  # agreed by the node's ranks when the arena was made (its layout depends on it)
         self.timeout_s = timeout.total_seconds()
         self.budgets = budgets  # of the waits on the peers (Steps.set_waits)
         self.ranks = ranks  # group rank of each local rank, for messages
         base = segment.address
-        regions = layout(local_size, chunk_bytes, p2p_bytes)
+        regions = layout(local_size, chunk_bytes, p2p_bytes, lanes)
         self.channel_lines = base + regions.channel_lines
         self.channel_data = base + regions.channels
         self._lane_lines = base + regions.lane_lines
+        self._lane_data = base + regions.lanes
         self._tables = regions.tables
         self.data = base + regions.data
         self.scratch = base + regions.scratch + local_rank * chunk_bytes  # ours alone
@@ -216,7 +231,7 @@ class Arena(Steps):
         self._header = self._raw[:HEADER_BYTES].view(np.uint64)
         self.describe = None  # set by the group: () -> text naming the collective in progress, for errors
         self.watch = waits.Watch(local_rank, ranks, self.timeout_s, self.pid, self._abandoned_by)
-        self._lanes: list[Steps] = []
+        self._lanes: list = []  # the lanes' schedules (lane_schedules), once asked for
         self.single_copy = None  # the single-copy schedules, once the node agreed to use them
         super().__init__(self, base + regions.lines, chunk_bytes, self.data, self.scratch)
 
@@ -231,15 +246,24 @@ class Arena(Steps):
         index = source * self.local_size + destination
         return (self.channel_lines + index * 2 * LINE_BYTES, self.channel_data + index * self.p2p_bytes)
 
-    def lanes(self, count: int, of: int) -> list[Steps]:
-        """The first ``count`` of ``of`` lanes: lane j owns the j-th of ``of`` equal stretches of every
-        slot and of our scratch, and control lines of its own. ``of`` is fixed for the group's life."""
-        if not self._lanes:
-            width = self.chunk_bytes // of // 64 * 64
-            self._lanes = [Steps(self, self._lane_lines + j * self.local_size * LINE_BYTES, width,
-                                 self.data + j * width, self.scratch + j * width) for j in range(of)]
+    def lane_schedules(self) -> list:
+        """One C Schedule per lane (``lane_count`` of them): lane j's control lines and its own two buffers of
+        slots and private areas (``layout``), for ``shmcoll.lanes``, which drives them in C."""
+        if not self._lanes and self.lane_count > 1:
+            width = lane_bytes(self.chunk_bytes)
+            size = self.local_size
+            for j in range(self.lane_count):
+                data = self._lane_data + j * 3 * size * width
+                self._lanes.append(_schedules.Schedule(
+                    self._lane_lines + j * size * LINE_BYTES, self.local_rank, size, data,
+                    data + (2 * size + self.local_rank) * width, width, width, 0, 0, 0, _SLICE_NS))
             self._set_lane_waits()
-        return self._lanes[:count]
+        return self._lanes
+
+    @property
+    def lanes_oversubscribe(self) -> bool:
+        """Whether the node's lane threads outnumber the CPUs this rank may use."""
+        return self.local_size * self.lane_count > len(os.sched_getaffinity(0))
 
     def rows(self, buffer: int, dtype: np.dtype) -> np.ndarray:
         """``buffer`` as a (local_size, chunk elements) array of ``dtype``; row r is rank r's slot."""
@@ -277,10 +301,12 @@ class Arena(Steps):
                                                    self.yield_company, _SLICE_NS)
 
     def _set_lane_waits(self) -> None:
-        # Lanes never spin: they serve large messages only, where a wait is rarely a
-        # matter of microseconds, and their threads may well outnumber the cores.
+        # A lane waits as the arena's steps do, but never spins where the node's lane threads outnumber
+        # the cores (a spinning lane would hold the core its peer's lane needs).
+        budgets = self.budgets._replace(spin_ns=0) if self.lanes_oversubscribe else self.budgets
+        company = budgets.company(self.local_size)
         for lane in self._lanes:
-            lane.set_waits(self.budgets._replace(spin_ns=0))
+            lane.set_waits(budgets.spin_ns, budgets.yield_ns, company)
 
     def abort(self, why: str) -> None:
         """Every wait on this arena raises within a slice, here (``why``) and on the local peers (``abandon``)."""
@@ -316,7 +342,7 @@ class Arena(Steps):
 
 
 def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settings, timeout: timedelta,
-               budgets: waits.Budgets, key: str = "shmcoll/arena") -> Arena:
+               budgets: waits.Budgets, key: str = "shmcoll/arena", lanes: int = 1) -> Arena:
     """Create (lowest local rank) or attach the node's segment; returns once it has no name.
 
     The segment is created without a name (O_TMPFILE) where the filesystem
@@ -327,7 +353,7 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
     A rank that cannot map what the creator made raises AttachError, and the
     creator then PeerAttachError (shmcoll.node_arena runs that rank on its own).
     """
-    size = layout(local_size, settings.chunk_bytes, settings.p2p_bytes).total
+    size = layout(local_size, settings.chunk_bytes, settings.p2p_bytes, lanes).total
     me = ranks[local_rank]
     if local_rank == 0:
         try:
@@ -342,7 +368,7 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
             raise
         named = segment.fd < 0
         try:
-            _init_header(segment, local_size, settings.chunk_bytes, settings.p2p_bytes)
+            _init_header(segment, local_size, settings.chunk_bytes, settings.p2p_bytes, lanes)
             store.set(f"{key}/pidns", _pid_namespace())
             store.set(key, segment.path)
             if local_size > 1:
@@ -361,7 +387,7 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
             if name.startswith(_ERROR):
                 raise OSError(f"rank {ranks[0]} could not create the shm arena: {name[len(_ERROR):]}")
             segment = _map_created(name, size, settings, ranks, local_rank, store.get(f"{key}/pidns").decode())
-            _check_header(segment, local_size, settings.chunk_bytes, settings.p2p_bytes, ranks)
+            _check_header(segment, local_size, settings.chunk_bytes, settings.p2p_bytes, lanes, ranks)
         except Exception as error:
             if not name.startswith(_ERROR):  # tell the creator, which is waiting for us
                 store.set(f"{key}/failed", str(error) if isinstance(error, ShmcollError)
@@ -372,7 +398,7 @@ def open_arena(store, local_rank: int, local_size: int, ranks: list[int], settin
                 store.set(f"{key}/mapped", "1")
         store.wait([f"{key}/unlinked"], timeout)
     arena = Arena(segment, local_rank, local_size, settings.chunk_bytes, settings.p2p_bytes, timeout, budgets,
-                  ranks)
+                  ranks, lanes)
     arena._record_pid()
     return arena
 
@@ -439,32 +465,34 @@ def _explain_enospc(create, where: str, size: int, local_size: int):
             raise OSError(
                 error.errno,
                 f"{error.strerror}. The shm arena for {local_size} local ranks needs {size} bytes; "
-                f"lower SHMCOLL_CHUNK_BYTES or SHMCOLL_P2P_BYTES to shrink it, point SHMCOLL_SHM_DIR at "
-                f"a larger tmpfs, or enlarge /dev/shm (docker run --shm-size=...)",
+                f"lower SHMCOLL_CHUNK_BYTES or SHMCOLL_P2P_BYTES, or set SHMCOLL_THREADS=1 (no lanes' slots), "
+                f"to shrink it, point SHMCOLL_SHM_DIR at a larger tmpfs, or enlarge /dev/shm (docker run "
+                f"--shm-size=...)",
             ) from None
         raise
 
 
-def _init_header(segment, local_size: int, chunk_bytes: int, p2p_bytes: int) -> None:
+def _init_header(segment, local_size: int, chunk_bytes: int, p2p_bytes: int, lanes: int = 1) -> None:
     header = np.frombuffer(segment, dtype=np.uint64, count=HEADER_BYTES // 8)
     header[LOCAL_SIZE_WORD] = local_size
     header[CHUNK_WORD] = chunk_bytes
     header[P2P_WORD] = p2p_bytes
+    header[LANES_WORD] = lanes
     header[SIZE_WORD] = segment.size
     header[MAGIC_WORD] = MAGIC
     del header
 
 
-def _check_header(segment, local_size: int, chunk_bytes: int, p2p_bytes: int, ranks: list[int]) -> None:
+def _check_header(segment, local_size: int, chunk_bytes: int, p2p_bytes: int, lanes: int, ranks: list[int]) -> None:
     """Raise unless the creator laid the segment out as this rank would: ranks that derived different
     layouts would read each other's data at the wrong offsets (a wrong result, not an error)."""
     header = np.frombuffer(segment, dtype=np.uint64, count=HEADER_BYTES // 8)
     found = {"magic": int(header[MAGIC_WORD]), "local ranks": int(header[LOCAL_SIZE_WORD]),
              "chunk bytes": int(header[CHUNK_WORD]), "p2p bytes": int(header[P2P_WORD]),
-             "size": int(header[SIZE_WORD])}
+             "lanes": int(header[LANES_WORD]), "size": int(header[SIZE_WORD])}
     del header
     expected = {"magic": MAGIC, "local ranks": local_size, "chunk bytes": chunk_bytes, "p2p bytes": p2p_bytes,
-                "size": segment.size}
+                "lanes": lanes, "size": segment.size}
     wrong = [f"{what} {found[what]:#x} (expected {value:#x})" if what == "magic"
              else f"{what} {found[what]} (expected {value})" for what, value in expected.items() if found[what] != value]
     if wrong:

@@ -9,7 +9,7 @@ user's arguments), and on the fast start-up path the kernels come from a native
 library, so Numba is never imported at all.
 
 C entry point of each dtype's kernel (called by address, without the GIL, from
-the Cython schedules in ``shmcoll._reduce``)::
+the Cython schedules in ``shmcoll._schedules``)::
 
     void entry(void *out, const void *first, const void *rows, int64 nrows,
                int64 row_stride, int64 n, int64 op, double scale)

@@ -575,7 +575,7 @@ def reducer(dtype: str):
 
 
 # C entry points: the same kernels behind the C signature of kernel_abi, called by
-# address and without the GIL from the Cython schedules (shmcoll._reduce), so a
+# address and without the GIL from the Cython schedules (shmcoll._schedules), so a
 # whole collective runs without coming back to Python. kernel_library compiles
 # them into a native library; entry_point() is the fallback when it cannot.
 _ENTRY_SIG = types.void(types.voidptr, types.voidptr, types.voidptr, types.int64, types.int64,

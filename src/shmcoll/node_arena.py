@@ -35,10 +35,12 @@ _REPORT_WAIT = timedelta(seconds=10)
 
 
 def open_node_arena(store, rank: int, size: int, topo: topology.Topology, settings, timeout: timedelta,
-                    wait_policy, keys: str):
+                    wait_policy, keys: str, agree_lanes=lambda local_ranks, key: 1):
     """(the Topology every rank agreed on, this rank's node arena or None when its node is itself alone).
 
-    ``wait_policy(local_size)`` gives the wait budgets (``waits.Budgets``) of a node of that many ranks.
+    ``wait_policy(local_size)`` gives the wait budgets (``waits.Budgets``) of a node of that many ranks;
+    ``agree_lanes(local_ranks, key)`` the lane count those ranks agree on (every one of them calls it), which
+    shapes their arena.
     """
     alone: dict[int, str] = {}  # rank -> why it cannot map its node's arena
     for round_ in range(size):
@@ -47,8 +49,9 @@ def open_node_arena(store, rank: int, size: int, topo: topology.Topology, settin
         arena, outcome, own_error = None, _MAPPED, None
         if len(local) > 1:
             try:
+                key = f"{keys}/arena/{round_}/{local[0]}"
                 arena = open_arena(store, local.index(rank), len(local), local, settings, timeout,
-                                   wait_policy(len(local)), key=f"{keys}/arena/{round_}/{local[0]}")
+                                   wait_policy(len(local)), key=key, lanes=agree_lanes(local, key))
             except AttachError as error:
                 outcome = _CANNOT_MAP + str(error)
             except PeerAttachError as error:

@@ -164,7 +164,7 @@ class Reductions:
             op, dt = reduce_op(kind, dtype)
         except (TypeError, ValueError) as error:
             raise type(error)(f"{what}: {error}") from None
-        kernel = kernel_library.entry_point(dt.name)  # called by address from shmcoll._reduce
+        kernel = kernel_library.entry_point(dt.name)  # called by address from shmcoll._schedules
         int_average = kind == ReduceOp.RedOpType.AVG and not op.average
         code = _OPS[kind].code if kind in _OPS else op.code
         return Reduction(op, dt, kernel, float(self._size) if op.average else 1.0, as_real,

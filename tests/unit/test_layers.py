@@ -93,7 +93,7 @@ def _map_violations(modules, graph, layers, torch_line) -> list[str]:
 def _graph(modules) -> dict[str, set[str]]:
     """Module -> the shmcoll modules it imports anywhere (at the top or inside a function). Not the root
     package: every submodule imports its parent package as Python imports it, and ``from shmcoll import
-    _reduce`` names a compiled extension."""
+    _schedules`` names a compiled extension."""
     graph = {}
     for name, path in modules.items():
         deps = set()

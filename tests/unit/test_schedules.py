@@ -1,4 +1,4 @@
-"""The C schedules of shmcoll._reduce, with threads as ranks over one arena in this process.
+"""The C schedules of shmcoll._schedules, with threads as ranks over one arena in this process.
 
 The schedules release the GIL, so threads run them concurrently. With a wait
 slice of one microsecond almost every wait expires and hands control back to
@@ -20,15 +20,15 @@ from shmcoll.waits import SLEEP_AT_ONCE
 CHUNK = 4096
 
 
-def _arenas(size: int, monkeypatch):
+def _arenas(size: int, monkeypatch, lanes: int = 1):
     """``size`` Arena handles (one per thread-rank) over one fresh segment, with 1 us wait slices."""
     monkeypatch.setattr(arena_module, "_SLICE_NS", 1000)
-    layout = arena_module.layout(size, CHUNK, 1024)
+    layout = arena_module.layout(size, CHUNK, 1024, lanes)
     segment = _segment.create_unnamed("/dev/shm", layout.total)
     segment.release_fd()
-    arena_module._init_header(segment, size, CHUNK, 1024)
+    arena_module._init_header(segment, size, CHUNK, 1024, lanes)
     handles = [arena_module.Arena(segment, r, size, CHUNK, 1024, timedelta(seconds=30), SLEEP_AT_ONCE,
-                                  list(range(size)))
+                                  list(range(size)), lanes)
                for r in range(size)]
     for handle in handles:
         handle._record_pid()
@@ -176,11 +176,11 @@ def test_broadcast_resume(size, root, monkeypatch):
 
 
 def _with_lanes(size: int, lanes: int, body, monkeypatch):
-    """Run ``body(rank, Lanes)`` on ``size`` thread-ranks whose collectives split into up to ``lanes`` lanes."""
+    """Run ``body(rank, Lanes)`` on ``size`` thread-ranks whose arena has ``lanes`` lanes (native threads)."""
     from shmcoll.lanes import Lanes
 
-    segment, handles = _arenas(size, monkeypatch)
-    pools = [Lanes(handles[r], lanes, 4096, f"rank{r}") for r in range(size)]
+    segment, handles = _arenas(size, monkeypatch, lanes)
+    pools = [Lanes(handles[r], 4096) for r in range(size)]
     try:
         _run_ranks(size, lambda rank: body(rank, pools[rank]))
     finally:
@@ -192,7 +192,9 @@ def _with_lanes(size: int, lanes: int, body, monkeypatch):
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_lanes_give_one_threads_bits(size, monkeypatch):
-    """Every lane-split collective equals its one-lane result bit for bit, and the reference."""
+    """Every lane-split collective equals its one-lane result bit for bit, and the reference; twice in a row,
+    with one-shots on the arena's own steps between (lanes and the arena keep separate steps and slots)."""
+    from shmcoll import lanes as L
     from shmcoll.algorithms import allgather, broadcast
 
     count = 5 * CHUNK + 13  # float32: several lanes, several steps per lane, a ragged end
@@ -201,32 +203,42 @@ def test_lanes_give_one_threads_bits(size, monkeypatch):
     results = {}
     for lanes in (1, 2, 3, 4):
         out = {"ar": [x[:count].copy() for x in inputs], "red": [x[:count].copy() for x in inputs],
+               "os": [x[:CHUNK // 4].copy() for x in inputs],
                "rs": [np.zeros(count, np.float32) for _ in range(size)],
                "ag": [np.zeros(size * count * 4, np.uint8) for _ in range(size)],
                "bc": [x[:count].copy() for x in inputs]}
 
         def body(rank, pool):
-            for _ in range(2):  # lanes and arena steps carry over from one collective to the next
+            arena = pool.arena
+
+            def run(kind, desc, n, itemsize, addr, run_alone, **job):
+                if lanes == 1:
+                    return run_alone()
+                pool.run(kind, lanes, desc, n, itemsize, addr, **job)
+
+            for _ in range(2):
                 out["ar"][rank][:] = inputs[rank][:count]
                 a = out["ar"][rank].ctypes.data
-                pool.run(7, count, 4, lambda s, lo, hi: allreduce.reduce_scatter_allgather(
-                    s, a + 4 * lo, hi - lo, 4, entry, kernels.SUM, 1.0, 7))
+                run(L.CHUNKED, 7, count, 4, a, lambda: allreduce.reduce_scatter_allgather(
+                    arena, a, count, 4, entry, kernels.SUM, 1.0, 7), kernel=entry, op=kernels.SUM)
+                allreduce.one_shot(arena, out["bc"][rank][:3].ctypes.data, 3, 4, entry, kernels.MAX, 1.0, 6)
+            o = out["os"][rank].ctypes.data
+            run(L.ONE_SHOT, 12, CHUNK // 4, 4, o, lambda: allreduce.one_shot(
+                arena, o, CHUNK // 4, 4, entry, kernels.SUM, 1.0, 12), kernel=entry, op=kernels.SUM)
             r_ = out["red"][rank].ctypes.data
-            pool.run(8, count, 4, lambda s, lo, hi: allreduce.reduce_scatter_allgather(
-                s, r_ + 4 * lo, hi - lo, 4, entry, kernels.SUM, 1.0, 8, root=1))
+            run(L.CHUNKED, 8, count, 4, r_, lambda: allreduce.reduce_scatter_allgather(
+                arena, r_, count, 4, entry, kernels.SUM, 1.0, 8, root=1), kernel=entry, op=kernels.SUM, root=1)
             src, dst = inputs[rank].ctypes.data, out["rs"][rank].ctypes.data
-            pool.run(9, count, 4, lambda s, lo, hi: reduce_scatter.reduce_scatter(
-                s, src + 4 * lo, hi - lo, 4, entry, kernels.SUM, 1.0, dst + 4 * lo, 9, block_stride=count))
+            run(L.REDUCE_SCATTER, 9, count, 4, src, lambda: reduce_scatter.reduce_scatter(
+                arena, src, count, 4, entry, kernels.SUM, 1.0, dst, 9, block_stride=count), out=dst,
+                block_stride=count, kernel=entry, op=kernels.SUM)
             g = out["ag"][rank].ctypes.data
-            pool.run(10, count * 4, 1, lambda s, lo, hi: allgather.allgather_strided(
-                s, src + lo, hi - lo, g + lo, count * 4, 10))
+            run(L.ALLGATHER, 10, count * 4, 1, src, lambda: allgather.allgather_strided(
+                arena, src, count * 4, g, count * 4, 10), out=g, out_stride=count * 4)
             b = out["bc"][rank].ctypes.data
-            pool.run(11, count * 4, 1, lambda s, lo, hi: broadcast.broadcast(s, b + lo, hi - lo, 0, 11))
-            # and a one-shot on the arena's own steps right after the lanes (the fence)
-            allreduce.one_shot(pool.arena, out["bc"][rank][:5].ctypes.data, 5, 4, entry, kernels.MAX,
-                               1.0, 12)
+            run(L.BROADCAST, 11, count * 4, 1, b, lambda: broadcast.broadcast(arena, b, count * 4, 0, 11), root=0)
 
-        _with_lanes(size, lanes, body, monkeypatch)
+        _with_lanes(size, max(lanes, 2), body, monkeypatch)
         results[lanes] = out
     stacked = np.stack(inputs)
     expected_sum = np.sum(stacked[:, :count].astype(np.float64), axis=0)
@@ -234,10 +246,11 @@ def test_lanes_give_one_threads_bits(size, monkeypatch):
     for r in range(size):
         np.testing.assert_allclose(results[1]["ar"][r], expected_sum, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(results[1]["red"][1], expected_sum, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(results[1]["os"][r], expected_sum[:CHUNK // 4], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(results[1]["rs"][r], expected_rs[r], rtol=1e-5, atol=1e-5)
         assert results[1]["ag"][r].tobytes() == b"".join(x[:count].tobytes() for x in inputs)
         bc = inputs[0][:count].copy()
-        bc[:5] = np.max(np.stack([inputs[0][:5]] * size), axis=0)
+        bc[:3] = np.max(stacked[:, :3], axis=0)
         assert np.array_equal(results[1]["bc"][r], bc)
     for lanes in (2, 3, 4):
         for name, per_rank in results[lanes].items():
@@ -247,12 +260,14 @@ def test_lanes_give_one_threads_bits(size, monkeypatch):
                 assert per_rank[r].tobytes() == results[1][name][r].tobytes(), (lanes, name, r)
 
 
-
-def test_a_failing_lane_fails_the_collective_everywhere_without_waiting_for_the_timeout(monkeypatch):
-    """Lane 2 of rank 0 raises before posting anything: every rank raises within seconds (timeout 30 s)."""
+def test_lanes_of_ranks_in_different_collectives_raise_at_once(monkeypatch):
+    """Rank 0 runs an all-reduce over 3 lanes, rank 1 a broadcast over 3 lanes, then the other way round with
+    rank 1 on the arena's own steps: every rank raises 'mismatched collectives' within seconds (timeout 30 s),
+    and every lane thread is back (the pool runs the next collective)."""
     import time
 
-    from shmcoll.errors import ShmcollError
+    from shmcoll import lanes as L
+    from shmcoll.errors import CollectiveError
 
     count = 8 * CHUNK
     data = [np.ones(count, np.float32) for _ in range(2)]
@@ -261,23 +276,63 @@ def test_a_failing_lane_fails_the_collective_everywhere_without_waiting_for_the_
 
     def body(rank, pool):
         a = data[rank].ctypes.data
-
-        def job(steps, lo, hi):
-            if rank == 0 and steps is pool.arena.lanes(3, 3)[2]:
-                raise RuntimeError("injected failure of lane 2")
-            allreduce.reduce_scatter_allgather(steps, a + 4 * lo, hi - lo, 4, entry, kernels.SUM, 1.0, 5)
-
         start = time.monotonic()
         try:
-            pool.run(5, count, 4, job)
-        except ShmcollError as error:
+            if rank == 0:
+                pool.run(L.CHUNKED, 3, 5, count, 4, a, kernel=entry, op=kernels.SUM)
+            else:
+                pool.run(L.BROADCAST, 3, 6, count * 4, 1, a, root=0)
+        except CollectiveError as error:
             raised[rank] = (str(error), time.monotonic() - start)
 
     _with_lanes(2, 3, body, monkeypatch)
     assert set(raised) == {0, 1}, raised
-    assert "injected failure of lane 2" in raised[0][0]
-    assert "gave up" in raised[1][0], raised[1]
-    assert all(seconds < 10 for _, seconds in raised.values()), raised
+    assert all("mismatched collectives" in text and seconds < 10 for text, seconds in raised.values()), raised
+
+    raised.clear()
+
+    def against_the_arena(rank, pool):
+        a = data[rank].ctypes.data
+        start = time.monotonic()
+        try:
+            if rank == 0:
+                pool.run(L.CHUNKED, 3, 5, count, 4, a, kernel=entry, op=kernels.SUM)
+            else:
+                allreduce.one_shot(pool.arena, a, 4, 4, entry, kernels.SUM, 1.0, 7)
+        except CollectiveError as error:
+            raised[rank] = (str(error), time.monotonic() - start)
+
+    _with_lanes(2, 3, against_the_arena, monkeypatch)
+    assert set(raised) == {0, 1}, raised
+    assert all("mismatched collectives" in text and seconds < 10 for text, seconds in raised.values()), raised
+
+
+def test_an_aborted_rank_stops_every_lane(monkeypatch):
+    """Rank 1 never joins; rank 0's lanes wait for it until abort() (from another thread): it raises within a
+    second, and its lane threads are free again (a join of the pool would hang otherwise)."""
+    import time
+
+    from shmcoll import lanes as L
+    from shmcoll.errors import AbortedError
+
+    count = 8 * CHUNK
+    data = np.ones(count, np.float32)
+    entry = kernel_library.entry_point("float32")
+    raised = []
+
+    def body(rank, pool):
+        if rank == 1:
+            return
+        timer = threading.Timer(0.3, lambda: pool.arena.abort("test"))
+        timer.start()
+        start = time.monotonic()
+        try:
+            pool.run(L.CHUNKED, 3, 5, count, 4, data.ctypes.data, kernel=entry, op=kernels.SUM)
+        except AbortedError:
+            raised.append(time.monotonic() - start)
+
+    _with_lanes(2, 3, body, monkeypatch)
+    assert len(raised) == 1 and raised[0] < 2, raised
 
 
 @pytest.mark.parametrize("size", [2, 3])

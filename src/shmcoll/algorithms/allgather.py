@@ -1,6 +1,6 @@
 """All-gather: each step every rank publishes up to one slot of its input and copies all slots out.
 
-A contiguous output (base, stride) runs whole in ``shmcoll._reduce`` (see
+A contiguous output (base, stride) runs whole in ``shmcoll._schedules`` (see
 algorithms/allreduce.py); a list of separate outputs steps through Python, as
 does a consumer that reads the slots where they are (``allgather_windows``:
 the sparse all_reduce merges the ranks' values out of shared memory).

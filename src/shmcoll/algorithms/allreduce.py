@@ -1,13 +1,24 @@
 """All-reduce: one-shot for small messages, chunked reduce-scatter + all-gather for large.
 
-Both run as one call into ``shmcoll._reduce`` (copies, steps, waits and the
+Both run as one call into ``shmcoll._schedules`` (copies, steps, waits and the
 kernel, without the GIL); Python only steps in when a wait outlasts its slice,
 to check the deadline and the peers' liveness, and then resumes the schedule.
 Both reduce the L contributions in rank order (row 0 first), so every rank,
 and both algorithms, produce bitwise identical results.
 """
-from shmcoll._reduce import DONE
+from shmcoll._schedules import DONE
 from shmcoll.algorithms import schedule
+
+# The one-shot's reads grow with the ranks (each reads every rank's input) while the chunked schedule's do not:
+# beyond 4 ranks its limit falls with the square of the ranks (an estimate from 2 x 8 to 16 x 1 ranks on 16 cores,
+# where a 64 KiB one-shot took longer than a 256 KiB chunked all-reduce: BENCHMARKS.md, "Threads per rank").
+ONE_SHOT_RANKS_BYTES = 1 << 20
+
+
+def one_shot_limit(small_bytes: int, chunk_bytes: int, local_size: int) -> int:
+    """The largest all-reduce (bytes) that runs as one step: SHMCOLL_SMALL_BYTES, within one slot, and within
+    ONE_SHOT_RANKS_BYTES / local_size^2."""
+    return min(small_bytes, chunk_bytes, ONE_SHOT_RANKS_BYTES // (local_size * local_size))
 
 
 def one_shot(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float, desc: int) -> None:

@@ -1,6 +1,6 @@
 """Broadcast: the root fills a whole buffer (every slot) per step; the others copy it out.
 
-The whole schedule runs in ``shmcoll._reduce`` (see algorithms/allreduce.py).
+The whole schedule runs in ``shmcoll._schedules`` (see algorithms/allreduce.py).
 """
 from shmcoll.algorithms import schedule
 

@@ -2,7 +2,7 @@
 
 Per step every rank publishes the same slice of each of its L blocks (L pieces
 side by side in its slot); rank r reduces piece r of all slots, in rank order.
-The whole schedule runs in ``shmcoll._reduce`` (see algorithms/allreduce.py).
+The whole schedule runs in ``shmcoll._schedules`` (see algorithms/allreduce.py).
 """
 from shmcoll.algorithms import schedule
 

@@ -1,4 +1,4 @@
-"""Driving the C schedules (``shmcoll._reduce``, ``shmcoll._single_copy``): start one, settle slow waits, resume.
+"""Driving the C schedules (``shmcoll._schedules``, ``shmcoll._single_copy``): start one, settle slow waits, resume.
 
 A schedule returns DONE, MISMATCH, FAILED (a single-copy read failed), SIZES
 (single-copy all_to_all: the size tables disagree), or the position p of a
@@ -11,7 +11,7 @@ posted and the highest it saw every rank reach (its ``posted`` and ``reached``),
 which the arena records (``Steps.record_schedule``).
 """
 from shmcoll import single_copy
-from shmcoll._reduce import DONE, MISMATCH
+from shmcoll._schedules import DONE, MISMATCH
 from shmcoll._single_copy import FAILED, SIZES
 from shmcoll.descriptors import describe
 from shmcoll.errors import ShmcollError

@@ -35,7 +35,7 @@ from datetime import timedelta
 from shmcoll import lanes, single_copy, topology
 from shmcoll._logging import log
 from shmcoll.agreement import agree_settings
-from shmcoll.arena import LANE_MIN_CHUNK, MAX_LANES
+from shmcoll.arena import MAX_LANES
 from shmcoll.node_arena import open_node_arena
 from shmcoll.waits import SLEEP_AT_ONCE, Budgets
 
@@ -60,13 +60,12 @@ def wait_policy(settings, local_size: int) -> Budgets:
 
 
 def lanes_wanted(settings) -> int:
-    """Threads this rank would give a large collective: ``SHMCOLL_THREADS``, else what the user chose for
-    the rank's computation (torch's thread count, which OMP_NUM_THREADS and torchrun set), within what
-    the arena can split into."""
+    """Threads this rank would give a collective: ``SHMCOLL_THREADS``, else what the user chose for the rank's
+    computation (torch's thread count, which OMP_NUM_THREADS and torchrun set), at most MAX_LANES."""
     import torch
 
     wanted = settings.threads if settings.threads is not None else torch.get_num_threads()
-    return max(1, min(wanted, MAX_LANES, settings.chunk_bytes // LANE_MIN_CHUNK))
+    return max(1, min(wanted, MAX_LANES))
 
 
 class WaitBudgets:
@@ -113,9 +112,16 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
     keys = f"shmcoll/{incarnation}"
     settings = agree_settings(store, keys, rank, size, settings)
     topo = topology.discover(store, rank, size, topology.host_identity(settings.hostid), keys)
+    # Lanes serve collectives inside one node (the node stages of a plan across nodes run on one thread), and
+    # the arena's layout depends on how many the node's ranks agree on.
+    def agree_lanes(local_ranks: list[int], key: str) -> int:
+        if not topo.single_node:  # the same on every rank: no agreement needed
+            return 1
+        return lanes.agree(store, key, rank, local_ranks, lanes_wanted(settings), settings.threads is not None)
+
     # A rank that cannot map its node's arena becomes a node of its own (even in a one-node job).
     topo, arena = open_node_arena(store, rank, size, topo, settings, timeout,
-                                  lambda local_size: wait_policy(settings, local_size), keys)
+                                  lambda local_size: wait_policy(settings, local_size), keys, agree_lanes)
     if arena is not None:
         arena.describe = describe
     waits = WaitBudgets(settings, len(topo.local_ranks))
@@ -124,7 +130,5 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
         if verdict.refused is not None and rank == topo.local_ranks[0] and settings.single_copy != "0":
             log.info("single-copy transfers are not allowed between the ranks of this node, so large collectives "
                      "copy through shared memory: %s", verdict.refused)
-        count = lanes.agree(store, keys, rank, topo.local_ranks, lanes_wanted(settings))
-        return OneNode(arena, rank, settings, waits, lanes.Lanes(arena, count, settings.thread_bytes, f"rank{rank}"),
-                       verdict)
+        return OneNode(arena, rank, settings, waits, lanes.Lanes(arena, settings.thread_bytes), verdict)
     return Nodes(store, rank, size, timeout, topo, arena, keys, waits, settings)

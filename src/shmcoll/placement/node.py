@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from shmcoll import lanes as _lanes
 from shmcoll import ops
 from shmcoll.algorithms import allgather, allreduce, alltoall, barrier, broadcast, gather, reduce_scatter, scatter
 from shmcoll.p2p import PointToPoint, Recv, Send
@@ -95,7 +96,7 @@ class OneNode(OnArena):
         self.waits = waits  # placement.WaitBudgets
         self.lanes = lanes  # large collectives over several threads (shmcoll.lanes)
         # All-reduces up to this size exchange everything in one step (one slot per rank).
-        self.one_shot_bytes = min(settings.small_bytes, arena.chunk_bytes)
+        self.one_shot_bytes = allreduce.one_shot_limit(settings.small_bytes, arena.chunk_bytes, arena.local_size)
         self.settings = settings
         self.nodes = [arena.ranks]
         self.single_copy = single_copy  # the node's single_copy.Verdict
@@ -120,13 +121,6 @@ class OneNode(OnArena):
         so no size can decide it alike on every rank)."""
         return self.single_copy_spans.get("all_to_all") == (0, None)
 
-    def _over_lanes(self, desc: int, count: int, itemsize: int, job) -> None:
-        """``job(steps, lo, hi)`` over [0, count) items: on the arena itself on this thread when the message is
-        too small to split (``Lanes.split_bytes``), else over the lanes (``Lanes.run``)."""
-        if count * itemsize < self.lanes.split_bytes:
-            return job(self.arena, 0, count)
-        self.lanes.run(desc, count, itemsize, job)
-
     # -- reductions ----------------------------------------------------------
 
     def allreduce(self, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
@@ -136,16 +130,21 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         work = staged(flat)
         if count * itemsize <= self.one_shot_bytes:
-            allreduce.one_shot(self.arena, work.data_ptr(), count, itemsize, red.kernel, red.op.kernel, red.scale,
-                               desc)
+            self._one_shot(work.data_ptr(), count, itemsize, red, desc)
         else:
             self._chunked(work, red, desc)
         unstage(flat, work)
 
     def one_shot(self, tensor: torch.Tensor, count: int, red: ops.Reduction, desc: int) -> None:
         """The small all-reduce path: a contiguous, non-empty tensor of at most ``one_shot_bytes``."""
-        allreduce.one_shot(self.arena, tensor.data_ptr(), count, red.dtype.numpy.itemsize, red.kernel,
-                           red.op.kernel, red.scale, desc)
+        self._one_shot(tensor.data_ptr(), count, red.dtype.numpy.itemsize, red, desc)
+
+    def _one_shot(self, addr: int, count: int, itemsize: int, red: ops.Reduction, desc: int) -> None:
+        lanes = self.lanes.how_many(count * itemsize)
+        if lanes > 1:
+            return self.lanes.run(_lanes.ONE_SHOT, lanes, desc, count, itemsize, addr, kernel=red.kernel,
+                                  op=red.op.kernel, scale=red.scale)
+        allreduce.one_shot(self.arena, addr, count, itemsize, red.kernel, red.op.kernel, red.scale, desc)
 
     def reduce(self, tensor: torch.Tensor, root: int, red: ops.Reduction, desc: int) -> None:
         flat = red.view(tensor)
@@ -163,8 +162,12 @@ class OneNode(OnArena):
         if self._single_copy("all_reduce" if root is None else "reduce", work.numel() * itemsize):
             return allreduce.single_copy(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
                                          red.scale, desc, root)
-        self._over_lanes(desc, work.numel(), itemsize, lambda steps, lo, hi: allreduce.reduce_scatter_allgather(
-            steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale, desc, root=root))
+        lanes = self.lanes.how_many(work.numel() * itemsize)
+        if lanes > 1:
+            return self.lanes.run(_lanes.CHUNKED, lanes, desc, work.numel(), itemsize, addr, kernel=red.kernel,
+                                  op=red.op.kernel, scale=red.scale, root=-1 if root is None else root)
+        allreduce.reduce_scatter_allgather(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
+                                           red.scale, desc, root=root)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
         """``input``: contiguous, the group's size times ``output``'s elements, rank r's block r-th."""
@@ -180,9 +183,13 @@ class OneNode(OnArena):
             reduce_scatter.single_copy(self.arena, source.data_ptr(), block, itemsize, red.kernel, red.op.kernel,
                                        red.scale, into, desc)
             return unstage(out, target)
-        self._over_lanes(desc, block, itemsize, lambda steps, lo, hi: reduce_scatter.reduce_scatter(
-            steps, addr + lo * itemsize, hi - lo, itemsize, red.kernel, red.op.kernel, red.scale,
-            into + lo * itemsize, desc, block_stride=block))
+        lanes = self.lanes.how_many(block * itemsize)
+        if lanes > 1:
+            self.lanes.run(_lanes.REDUCE_SCATTER, lanes, desc, block, itemsize, addr, out=into, block_stride=block,
+                           kernel=red.kernel, op=red.op.kernel, scale=red.scale)
+        else:
+            reduce_scatter.reduce_scatter(self.arena, addr, block, itemsize, red.kernel, red.op.kernel, red.scale,
+                                          into, desc, block_stride=block)
         unstage(out, target)
 
     # -- data movement -------------------------------------------------------
@@ -195,8 +202,11 @@ class OneNode(OnArena):
         if self._single_copy("broadcast", tensor.nbytes):
             broadcast.single_copy(self.arena, addr, tensor.nbytes, root, desc)
             return unstage(tensor, work)
-        self._over_lanes(desc, tensor.nbytes, 1, lambda steps, lo, hi: broadcast.broadcast(
-            steps, addr + lo, hi - lo, root, desc))
+        lanes = self.lanes.how_many(tensor.nbytes)
+        if lanes > 1:
+            self.lanes.run(_lanes.BROADCAST, lanes, desc, tensor.nbytes, 1, addr, root=root)
+        else:
+            broadcast.broadcast(self.arena, addr, tensor.nbytes, root, desc)
         unstage(tensor, work)
 
     def allgather(self, outputs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
@@ -229,8 +239,11 @@ class OneNode(OnArena):
                 addr = source.data_ptr()
             allgather.single_copy(self.arena, addr, nbytes, out, nbytes, desc)
             return unstage(output, target)
-        self._over_lanes(desc, nbytes, 1, lambda steps, lo, hi: allgather.allgather_strided(
-            steps, addr + lo, hi - lo, out + lo, nbytes, desc))
+        lanes = self.lanes.how_many(nbytes)
+        if lanes > 1:
+            self.lanes.run(_lanes.ALLGATHER, lanes, desc, nbytes, 1, addr, out=out, out_stride=nbytes)
+        else:
+            allgather.allgather_strided(self.arena, addr, nbytes, out, nbytes, desc)
         unstage(output, target)
 
     def allgather_windows(self, input: torch.Tensor, unit: int, consume, desc: int) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from shmcoll import _reduce, ops
+from shmcoll import _schedules, ops
 from shmcoll.placement.across.network import EXCHANGE_NODES, Link, Pending
 
 
@@ -36,7 +36,7 @@ def combine(red: ops.Reduction, out: torch.Tensor, parts: torch.Tensor, scale: f
         if scale != 1.0:
             out.mul_(scale)
         return
-    _reduce.combine(red.kernel, out.data_ptr(), parts[0].data_ptr(), parts[1].data_ptr(), len(parts) - 1,
+    _schedules.combine(red.kernel, out.data_ptr(), parts[0].data_ptr(), parts[1].data_ptr(), len(parts) - 1,
                     parts.stride(0), out.numel(), op, scale)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from shmcoll.algorithms.allreduce import one_shot_limit
 from shmcoll.placement.across.network import Link
 from shmcoll.placement.flat import PLAN_TAG
 
@@ -27,7 +28,7 @@ class Shape:
         self.uniform = len({len(ranks) for ranks in self.nodes}) == 1
         # All-reduces up to this size cross between the leaders in one exchange; larger ones on every rail.
         self.small_bytes = settings.small_bytes
-        self.one_shot_bytes = min(settings.small_bytes, settings.chunk_bytes)  # of a node stage
+        self.one_shot_bytes = one_shot_limit(settings.small_bytes, settings.chunk_bytes, self.local_size)  # node stage
         self.segment_bytes = settings.segment_bytes  # of a message, per pipeline segment (``pipeline``)
         self.alltoall_room = None  # on a leader: bytes per rank its all_to_all headers carry (``alltoall``)
         # all_to_all's sizes as last agreed (``alltoall``): this rank's (send sizes, then receive sizes); on

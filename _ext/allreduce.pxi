@@ -1,0 +1,111 @@
+# All-reduce and reduce over the arena's slots: one step for small messages, chunked pairs of steps above.
+# Textually included by schedules.pyx (after lines.pxi and steps.pxi); every function runs without the GIL.
+#
+# Every result is reduced in rank order (rank 0's data first), as in shmcoll.kernels, so the one-shot and the
+# chunked schedule give bitwise identical results on every rank.
+
+
+# All-reduce ``count`` elements at ``addr`` (at most one slot) in one step: publish the input, post ``step``,
+# wait for everyone, reduce every slot straight into ``addr``. ``resume``: the input is already posted.
+# Returns DONE, MISMATCH, or 0 when the wait's slice expired.
+cdef Py_ssize_t one_shot(sched_t *s, uint32_t step, uint64_t desc, char *addr, Py_ssize_t count, int itemsize,
+                          kernel_t kernel, int64_t op, double scale, bint resume) noexcept nogil:
+    if not resume:
+        memcpy(slot(s, step, s.me), addr, count * itemsize)
+        post_step(s, step, desc)
+    if all_reached(s, step) >= 0:
+        return 0
+    if _first_mismatch(s.lines, 0, s.size, step, desc) >= 0:
+        return STATUS_MISMATCH
+    kernel(addr, slot(s, step, 0), slot(s, step, 1), s.size - 1, s.stride // itemsize,
+           count, op, scale)
+    return STATUS_DONE
+
+
+# All-reduce (``root`` < 0) or reduce to ``root`` of ``count`` elements at ``addr``.
+#
+# Per chunk c, two steps: base + 2c + 1 publishes the chunk, after which each rank reduces its 1/L share into
+# its slot of the other buffer; base + 2c + 2 publishes the shares, which every rank (or only the root)
+# gathers into ``addr``. A rank that is not the root leaves after posting its last share. Every rank must
+# have reached ``base`` before the call.
+#
+# Wait positions: 2c waits for step base + 2c + 1, 2c + 1 for base + 2c + 2. ``resume`` is -1 for a fresh
+# start, or the position returned by the previous call once its step has been reached by every rank.
+# Returns DONE, MISMATCH, or the position of the wait that expired.
+cdef Py_ssize_t chunked(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t count, int itemsize,
+                         kernel_t kernel, int64_t op, double scale, int root,
+                         Py_ssize_t resume) noexcept nogil:
+    cdef Py_ssize_t per = s.chunk_bytes // itemsize
+    cdef Py_ssize_t chunks = (count + per - 1) // per
+    cdef Py_ssize_t c = 0 if resume < 0 else resume // 2
+    cdef Py_ssize_t n, lo, hi, plo, phi, start
+    cdef uint32_t publish, share
+    cdef int me = s.me, size = s.size, peer, behind
+    cdef int gathers = root < 0 or root == me
+    # The own share can be read in place from addr (not published) when that
+    # keeps rank order: rank 0's data comes first, and with two ranks the
+    # other's is the only row.
+    cdef int share_in_place = me == 0 or size == 2
+    # Where to pick up: 0 publish, 1 reduce, 2 gather. A rank that does not
+    # gather waits for a share step only before publishing the next chunk.
+    cdef Py_ssize_t stage = 0 if resume < 0 else 1 + resume % 2
+    cdef int share_reached = 0
+    if resume >= 0 and resume % 2 == 1 and not gathers:
+        c, stage, share_reached = resume // 2 + 1, 0, 1
+    cdef char *mine
+    cdef char *first
+    cdef char *rows
+    cdef Py_ssize_t row_stride
+    while c < chunks:
+        start = c * per
+        n = per if count - start > per else count - start
+        lo = me * n // size
+        hi = (me + 1) * n // size
+        publish = <uint32_t>(base + 2 * c + 1)
+        share = publish + 1
+        mine = addr + start * itemsize
+        if stage == 0:
+            if c > 0 and not gathers and not share_reached:
+                # We skipped waiting for the last share step; the buffer we
+                # are about to write is free once every rank has reached it.
+                behind = all_reached(s, publish - 1)
+                if behind >= 0:
+                    return 2 * c - 1
+            if share_in_place:
+                memcpy(slot(s, publish, me), mine, lo * itemsize)
+                memcpy(slot(s, publish, me) + hi * itemsize, mine + hi * itemsize, (n - hi) * itemsize)
+            else:
+                memcpy(slot(s, publish, me), mine, n * itemsize)
+            post_step(s, publish, desc)
+            stage, share_reached = 1, 0
+            behind = all_reached(s, publish)
+            if behind >= 0:
+                return 2 * c
+        if stage == 1:
+            if c == 0 and _first_mismatch(s.lines, 0, size, publish, desc) >= 0:
+                return STATUS_MISMATCH
+            row_stride = s.stride // itemsize
+            if me == 0:
+                first, rows = mine + lo * itemsize, slot(s, publish, 1) + lo * itemsize
+            elif share_in_place:  # two ranks, we are rank 1
+                first, rows = slot(s, publish, 0) + lo * itemsize, mine + lo * itemsize
+            else:
+                first, rows = slot(s, publish, 0) + lo * itemsize, slot(s, publish, 1) + lo * itemsize
+            kernel(slot(s, share, me) + lo * itemsize, first, rows, size - 1, row_stride, hi - lo, op, scale)
+            post_step(s, share, desc)
+            if not gathers:
+                stage = 0
+                c += 1
+                continue
+            stage = 2
+            behind = all_reached(s, share)
+            if behind >= 0:
+                return 2 * c + 1
+        # stage 2: gather every share of this chunk
+        for peer in range(size):
+            plo = peer * n // size
+            phi = (peer + 1) * n // size
+            memcpy(mine + plo * itemsize, slot(s, share, peer) + plo * itemsize, (phi - plo) * itemsize)
+        stage = 0
+        c += 1
+    return STATUS_DONE

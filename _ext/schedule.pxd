@@ -1,0 +1,31 @@
+# Declarations shared by the C schedules (schedules.pyx and its .pxi files, single_copy.pyx): the kernels'
+# type, the status codes a schedule returns, and one rank's constants and step bookkeeping over one set of
+# control lines (the arena's own, or one lane's).
+from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
+
+# A reduction kernel (shmcoll.kernel_abi), called by address without the GIL:
+# out = first op rows[0] op ... op rows[nrows - 1], n elements each, rows row_stride elements apart.
+ctypedef void (*kernel_t)(void *out, void *first, void *rows, int64_t nrows, int64_t row_stride,
+                          int64_t n, int64_t op, double scale) noexcept nogil
+
+# What a schedule call returns. A value >= 0 is the position p of a wait whose slice expired: resume from p
+# once every rank has reached step base + p + 1 (shmcoll.algorithms.schedule).
+cdef enum:
+    STATUS_DONE = -1
+    STATUS_MISMATCH = -2  # a peer published the first step for another collective
+    STATUS_FAILED = -3  # single copy: a read of a peer's buffer failed (its errno and peer are kept)
+    STATUS_SIZES = -4  # single-copy all_to_all: the size tables disagree
+    STATUS_CANCELLED = -5  # a lane stopped because another lane, or the caller, gave up
+
+# One rank's view of one sequence of steps and the buffers it owns.
+ctypedef struct sched_t:
+    uintptr_t lines  # one control line per local rank (lines.pxi has the line's layout)
+    uintptr_t data  # slot r of buffer b at data + b * buffer_bytes + r * stride
+    uintptr_t scratch  # chunk_bytes private to this rank
+    int me, size
+    Py_ssize_t buffer_bytes, chunk_bytes, stride
+    int64_t spin_ns, yield_ns, slice_ns
+    int yield_company  # see _wait_ranks (waits.Budgets.company)
+    # The last step this rank posted, and the highest it saw every rank reach (after DONE: the arena
+    # records them, Steps.record_schedule; a lane starts its next collective from them).
+    uint32_t posted, reached
