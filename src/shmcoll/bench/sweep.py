@@ -119,10 +119,14 @@ def build_sizes(args) -> list:
     return sorted(set(sizes))
 
 
-def add_size_and_timing_arguments(p: argparse.ArgumentParser) -> None:
+def add_size_and_timing_arguments(p: argparse.ArgumentParser, ops: tuple = cases.ALL_OPS) -> None:
     """The options that choose what is measured and how long; shmcoll.bench.mpi takes the same
-    ones, so both sweeps of one ``python -m shmcoll bench`` measure identical points."""
-    p.add_argument("--ops", default=",".join(cases.ALL_OPS), help="comma list (default: all four)")
+    ones, so both sweeps of one ``python -m shmcoll bench`` measure identical points.  A benchmark
+    of a single op (``ops``, e.g. bench/peer_deepspeed.py's all_reduce) gets no --ops option."""
+    if len(ops) > 1:
+        p.add_argument("--ops", default=",".join(ops), help="comma list (default: all four)")
+    else:
+        p.set_defaults(ops=ops[0])
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma list (default: float32,bfloat16)")
     p.add_argument("--min-bytes", type=parse_bytes, default=None, help="smallest size (default 8)")
     p.add_argument("--max-bytes", type=parse_bytes, default=None,
