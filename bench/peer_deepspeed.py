@@ -45,6 +45,7 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -100,10 +101,23 @@ def openmp_runtimes() -> list[str]:
     return sorted(found)
 
 
+def ninja_on_path() -> None:
+    """torch compiles DeepSpeed's op with the ``ninja`` on PATH; the ninja package (a DeepSpeed requirement)
+    puts its binary beside the interpreter's scripts, which are not on PATH where the environment is not
+    activated (``.venv/bin/torchrun``) or the package went in with ``pip --target``."""
+    if shutil.which("ninja"):
+        return
+    with contextlib.suppress(ImportError):
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
 class DeepSpeedAllReduce:
     """``deepspeed.comm.inference_all_reduce`` set up beside the shm default group."""
 
     def __init__(self, ctrl):
+        ninja_on_path()
         # DeepSpeed logs to stdout and its op prints a line when built: keep stdout for the table.
         with contextlib.redirect_stdout(sys.stderr):
             import deepspeed
