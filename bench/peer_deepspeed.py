@@ -131,12 +131,12 @@ class DeepSpeedAllReduce:
         self.version = deepspeed.__version__
         self.call = ds_comm.inference_all_reduce
         self.op_loaded = hasattr(torch.ops, "deepspeed") and hasattr(torch.ops.deepspeed, "inference_all_reduce_")
-        # 0 none, 1 avx2, 2 avx512bw (DeepSpeed >= 0.19's guard; None: an older one, which has no guard).
+        # 0 none, 1 avx2, 2 avx512bw (0.19.8 has this guard; None: a DeepSpeed without it, which always calls its op).
         self.kernel_level = getattr(backend, "shm_vector_kernel_level", None)
-        # Every rank has mapped every other's buffer once all have initialised.  Before that a peer may
-        # map a segment left by an earlier job on the same port; and DeepSpeed never unlinks its
-        # segment (66 MiB per rank in /dev/shm, left behind by every job), so each rank unlinks its own
-        # now: the mappings stay.
+        # Once every rank has initialised, each has mapped every other's buffer and reset its own
+        # buffer's state (one left by an earlier job on the same port is reused): no call may start
+        # before.  DeepSpeed never unlinks its buffer (66 MiB per rank, left in /dev/shm by every job), so
+        # each rank unlinks its own then: the mappings stay.
         ctrl.barrier()
         name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ['MASTER_ADDR']}_"
                 f"{os.environ['MASTER_PORT']}_{dist.get_rank()}")
