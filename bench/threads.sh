@@ -12,8 +12,8 @@
 #            (every rank copying 64 MiB with copy_ on its threads at once) in the same job
 #   base     BASE's build at the first layout, 64 KiB-1 MiB, shm only (the before of a before/after)
 #   ddp      the DDP step at each layout of DDP_LAYOUTS (default: LAYOUTS): shm, Gloo, no communication
-#   peers    DeepSpeed's CPU shared-memory all-reduce beside shm and Gloo (bench/peer_deepspeed.py), each layout,
-#            8 B-64 MiB; skipped with a note where DeepSpeed is not installed
+#   peers    DeepSpeed's CPU shared-memory all-reduce beside shm and Gloo (bench/peer_deepspeed.py) at each layout
+#            of PEER_LAYOUTS (default: the first), 8 B-64 MiB; skipped with a note where DeepSpeed is not installed
 #   split    SHMCOLL_THREAD_BYTES 8K, 16K and 64K at the first layout, 64 KiB-1 MiB, shm only: where lanes pay
 #   oneshot  the all-reduce at 8x2 and 16x1 ranks (ONESHOT_LAYOUTS), 1-256 KiB: every size one-shot
 #            (SHMCOLL_SMALL_BYTES=256K) against every size in two steps (SHMCOLL_SMALL_BYTES=512), shm only
@@ -22,6 +22,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 LAYOUTS=${LAYOUTS:-"2x8 4x4"}
 DDP_LAYOUTS=${DDP_LAYOUTS:-$LAYOUTS}
+PEER_LAYOUTS=${PEER_LAYOUTS:-${LAYOUTS%% *}}
 ONESHOT_LAYOUTS=${ONESHOT_LAYOUTS:-"8x2 16x1"}
 PARTS=${PARTS:-"sweep base ddp peers split oneshot"}
 OUT=${RESULTS:-results/threads}
@@ -50,8 +51,10 @@ if wants sweep; then
     done
 fi
 if wants base && [ -n "${BASE:-}" ]; then
-    PYTHONPATH="$(cd "$BASE" && pwd)/src${PYTHONPATH:+:$PYTHONPATH}" sweep "$first" "base-$first" --backends shm \
-        --min-bytes 64K --max-bytes 1M --step 4 --memcpy-time 0.1
+    base_path="$(cd "$BASE" && pwd)/src${PYTHONPATH:+:$PYTHONPATH}"
+    PYTHONPATH=$base_path "$PY" -c "import shmcoll; print('base: shmcoll from', shmcoll.__file__)" >&2
+    PYTHONPATH=$base_path sweep "$first" "base-$first" --backends shm --min-bytes 64K --max-bytes 1M --step 4 \
+        --memcpy-time 0.1
 fi
 if wants ddp; then
     for layout in $DDP_LAYOUTS; do
@@ -60,7 +63,7 @@ if wants ddp; then
     done
 fi
 if wants peers; then
-    for layout in $LAYOUTS; do
+    for layout in $PEER_LAYOUTS; do
         echo "== DeepSpeed's all-reduce beside shm and Gloo at $layout" >&2
         run "$layout" bench/peer_deepspeed.py --min-bytes 8 --max-bytes 64M --rounds 3 \
             --json "$OUT/peers-$layout.json" || echo "peers at $layout failed (see above)" >&2
