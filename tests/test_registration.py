@@ -37,6 +37,25 @@ def test_torchrun_script_without_import_of_shmcoll():
     assert shm_entries() - before == set()
 
 
+def test_newer_torch_than_tested_warns_once_per_process():
+    """The first shm group of a process on a torch newer than the newest tested logs one warning (not an
+    error); the groups after it say nothing more."""
+    out = _python("""
+        import torch, torch.distributed as dist
+        from shmcoll import _torch_compat
+        major, minor = _torch_compat.NEWEST_TESTED
+        torch.__version__ = f"{major}.{minor + 1}.0"
+        dist.init_process_group("shm", store=dist.HashStore(), rank=0, world_size=1)
+        for _ in range(2):
+            t = torch.ones(4)
+            dist.all_reduce(t, group=dist.new_group([0]))
+        dist.destroy_process_group()
+        print("ok")
+    """)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert out.stderr.count("is newer than the newest torch shmcoll was tested on") == 1, out.stderr
+
+
 def test_info_command_runs_without_torchrun():
     out = subprocess.run([sys.executable, "-m", "shmcoll", "info"], capture_output=True, text=True, timeout=120,
                          cwd="/", env={**os.environ, "SHMCOLL_CHUNK_BYTES": "1M"})
