@@ -91,6 +91,19 @@ def test_every_package_directory_is_packaged():
     assert listed == found, f"pyproject.toml lists {sorted(listed)}, the tree has {sorted(found)}"
 
 
+def test_install_keeps_the_users_torch():
+    """What pip reads before it builds: no torch in the isolated build environment (the extension is
+    plain Cython; a torch there would be another download of several GB), and torch as a lower bound
+    only, which the torch a user has already satisfies (tests/test_install.py installs for real)."""
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    assert not [r for r in project["build-system"]["requires"] if r.lower().startswith("torch")]
+    (torch_dependency,) = [r for r in project["project"]["dependencies"] if r.lower().startswith("torch")]
+    assert torch_dependency.replace(" ", "").startswith("torch>=") and "," not in torch_dependency, torch_dependency
+
+
 def test_every_variable_is_documented():
     """Each SHMCOLL_* name the package reads appears in README.md's variable table."""
     import re
