@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -71,9 +72,12 @@ def _info(_args) -> int:
         state = "cold: first group compiles, ~10 s"
     rows.append(("kernel library", f"{library} ({state})"))
     rows.append(("single copy", _single_copy_state(settings)))
-    for field in ("chunk_bytes", "small_bytes", "p2p_bytes", "spin_us", "yield_us"):
-        value = getattr(settings, field)
-        rows.append((f"  {field}", "auto" if value is None else str(value)))
+    # Every setting in effect (README's table gives some defaults only by what they do): the directory and
+    # host identity have rows of their own above.
+    for field in dataclasses.fields(settings):
+        if field.name not in ("shm_dir", "hostid"):
+            value = getattr(settings, field.name)
+            rows.append((f"  {field.name}", "auto" if value is None else str(value)))
     for name, raw in _env.variables().items():
         if raw is not None:
             rows.append((f"  ${name}", raw))
