@@ -104,7 +104,7 @@ def _single_copy_state(settings) -> str:
         return f"refused ({verdict.refused}): large collectives copy through shared memory"
     spans = single_copy_spans(verdict, settings.single_copy)
     used = ("every collective at every size (SHMCOLL_SINGLE_COPY=1)" if settings.single_copy == "1" else
-            ", ".join(spans) + " in their spans (see README)" if spans else
+            ", ".join(spans) + " in their measured spans (docs/DESIGN.md, 'Single copy')" if spans else
             "not used, as the copy path is faster where reads cost two copies or more")
     return (f"allowed (a child process read this one's memory; a read costs {verdict.read_cost:.1f} copies "
             f"here): {used}")
