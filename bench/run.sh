@@ -3,8 +3,9 @@
 # at 2 ranks (override with NPROC=4), writing results/sweep-<N>ranks.json; then the
 # same points on Open MPI (results/mpi-<N>ranks.json, and without its single-copy component:
 # results/mpi-nocma-<N>ranks.json, about 30 s more each) and the plot
-# of all three (results/sweep-<N>ranks.png). Extra arguments go to both sweeps (the
-# MPI sweep ignores the torch-only ones).
+# of all three (results/sweep-<N>ranks.png), which a run with no extra arguments also copies to
+# docs/sweep-<N>ranks.png (the plot README.md and BENCHMARKS.md show). Extra arguments go to
+# both sweeps (the MPI sweep ignores the torch-only ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/setup
@@ -35,5 +36,12 @@ if .venv/bin/python bench/mpi_sweep.py --nproc "$NPROC" "${SETTINGS[@]}" \
 else
     echo "note: no MPI comparison (see above)" >&2
 fi
-.venv/bin/python bench/plot.py "${inputs[@]}" "results/sweep-${NPROC}ranks.png" \
-    || echo "note: no plot (see above)" >&2
+if .venv/bin/python bench/plot.py "${inputs[@]}" "results/sweep-${NPROC}ranks.png"; then
+    # Only the standard sweep replaces the published plot: extra arguments (--quick, --ops ...) make
+    # another figure than the tables of BENCHMARKS.md.
+    if [ "$#" -eq 0 ]; then
+        cp "results/sweep-${NPROC}ranks.png" "docs/sweep-${NPROC}ranks.png"
+    fi
+else
+    echo "note: no plot (see above)" >&2
+fi

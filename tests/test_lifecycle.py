@@ -7,7 +7,7 @@ without hanging, and whatever way it ends, nothing of ours may be left in
 three (the SIGABRT at exit of jobs mixing shm with a Gloo group) must not
 pass by luck, so the exit cases repeat (a job costs ~6 s of this machine's two
 cores, so CI runs 45 jobs, ~5 minutes); ``SHMCOLL_LIFECYCLE_REPEATS``
-multiplies every count (the long tier in the README runs it at 5).
+multiplies every count (the long tier in TESTING.md runs it at 5).
 """
 from __future__ import annotations
 

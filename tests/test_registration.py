@@ -37,6 +37,25 @@ def test_torchrun_script_without_import_of_shmcoll():
     assert shm_entries() - before == set()
 
 
+def test_newer_torch_than_tested_warns_once_per_process():
+    """The first shm group of a process on a torch newer than the newest tested logs one warning (not an
+    error); the groups after it say nothing more."""
+    out = _python("""
+        import torch, torch.distributed as dist
+        from shmcoll import _torch_compat
+        major, minor = _torch_compat.NEWEST_TESTED
+        torch.__version__ = f"{major}.{minor + 1}.0"
+        dist.init_process_group("shm", store=dist.HashStore(), rank=0, world_size=1)
+        for _ in range(2):
+            t = torch.ones(4)
+            dist.all_reduce(t, group=dist.new_group([0]))
+        dist.destroy_process_group()
+        print("ok")
+    """)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert out.stderr.count("is newer than the newest torch shmcoll was tested on") == 1, out.stderr
+
+
 def test_info_command_runs_without_torchrun():
     out = subprocess.run([sys.executable, "-m", "shmcoll", "info"], capture_output=True, text=True, timeout=120,
                          cwd="/", env={**os.environ, "SHMCOLL_CHUNK_BYTES": "1M"})
@@ -70,6 +89,19 @@ def test_every_package_directory_is_packaged():
     found = {os.path.relpath(root, src).replace(os.sep, ".")
              for root, _, files in os.walk(os.path.join(src, "shmcoll")) if "__init__.py" in files}
     assert listed == found, f"pyproject.toml lists {sorted(listed)}, the tree has {sorted(found)}"
+
+
+def test_install_keeps_the_users_torch():
+    """What pip reads before it builds: no torch in the isolated build environment (the extension is
+    plain Cython; a torch there would be another download of several GB), and torch as a lower bound
+    only, which the torch a user has already satisfies (tests/test_install.py installs for real)."""
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    assert not [r for r in project["build-system"]["requires"] if r.lower().startswith("torch")]
+    (torch_dependency,) = [r for r in project["project"]["dependencies"] if r.lower().startswith("torch")]
+    assert torch_dependency.replace(" ", "").startswith("torch>=") and "," not in torch_dependency, torch_dependency
 
 
 def test_every_variable_is_documented():

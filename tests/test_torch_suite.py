@@ -1,4 +1,4 @@
-"""PyTorch's own DistributedTest on shm: CI runs a quick subset; README has the full runs' counts.
+"""PyTorch's own DistributedTest on shm: CI runs a quick subset; TESTING.md has the full runs' counts.
 
 The subset runs with torch's backend-name gates evaluated as Gloo (see
 tests/torch_suite.py), so that tests torch would skip for any backend not

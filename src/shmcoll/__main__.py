@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -71,9 +72,12 @@ def _info(_args) -> int:
         state = "cold: first group compiles, ~10 s"
     rows.append(("kernel library", f"{library} ({state})"))
     rows.append(("single copy", _single_copy_state(settings)))
-    for field in ("chunk_bytes", "small_bytes", "p2p_bytes", "spin_us", "yield_us"):
-        value = getattr(settings, field)
-        rows.append((f"  {field}", "auto" if value is None else str(value)))
+    # Every setting in effect (README's table gives some defaults only by what they do): the directory and
+    # host identity have rows of their own above.
+    for field in dataclasses.fields(settings):
+        if field.name not in ("shm_dir", "hostid"):
+            value = getattr(settings, field.name)
+            rows.append((f"  {field.name}", "auto" if value is None else str(value)))
     for name, raw in _env.variables().items():
         if raw is not None:
             rows.append((f"  ${name}", raw))
@@ -100,7 +104,7 @@ def _single_copy_state(settings) -> str:
         return f"refused ({verdict.refused}): large collectives copy through shared memory"
     spans = single_copy_spans(verdict, settings.single_copy)
     used = ("every collective at every size (SHMCOLL_SINGLE_COPY=1)" if settings.single_copy == "1" else
-            ", ".join(spans) + " in their spans (see README)" if spans else
+            ", ".join(spans) + " in their measured spans (docs/DESIGN.md, 'Single copy')" if spans else
             "not used, as the copy path is faster where reads cost two copies or more")
     return (f"allowed (a child process read this one's memory; a read costs {verdict.read_cost:.1f} copies "
             f"here): {used}")

@@ -6,16 +6,30 @@ Every other module asks this one instead of testing versions itself:
                    from torch 2.13; torch 2.11 and 2.12 only give it through the op's
                    pickle state, ``(RedOpType.PREMUL_SUM, factor)``.
   skip_dynamo      keeps a function and everything it calls out of TorchDynamo.
+  NEWEST_TESTED    the newest torch release the test suite has passed on; a newer one
+                   is used all the same, with one warning per process (``untested``).
 
 Probed by capability, not by version number, so a backport or a nightly behaves
-as what it can do.
+as what it can do. The version number only decides that warning.
 """
 from __future__ import annotations
+
+import re
+import threading
 
 import torch
 from torch._C import _distributed_c10d as c10d
 
-__all__ = ["AllgatherOptions", "premul_factor", "skip_dynamo", "fail_loud_backend"]
+from shmcoll._logging import log
+
+__all__ = ["AllgatherOptions", "NEWEST_TESTED", "premul_factor", "skip_dynamo", "fail_loud_backend", "untested",
+           "warn_if_untested"]
+
+# (major, minor) of the newest torch the whole test suite has passed on (docs/DESIGN.md lists each
+# tested release). Raise it only after the suite passes on the new release.
+NEWEST_TESTED = (2, 14)
+
+_warned = threading.Lock()  # held for good once the warning is out: once per process, whichever thread
 
 # Not re-exported by torch.distributed in every version.
 AllgatherOptions = c10d.AllgatherOptions
@@ -81,3 +95,25 @@ def fail_loud_backend(rank: int, size: int):
     options.error_on_collective = True
     return c10d.FakeProcessGroup._create_internal(rank, size, options)
 
+
+
+def untested(version: str | None = None) -> str | None:
+    """Why torch ``version`` (default: this one) is untested, or None: newer than ``NEWEST_TESTED``.
+
+    Compared by (major, minor), so a patch release or a nightly of a tested minor version counts as tested.
+    """
+    version = torch.__version__ if version is None else str(version)
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found is None or (int(found[1]), int(found[2])) <= NEWEST_TESTED:
+        return None
+    newest = ".".join(map(str, NEWEST_TESTED))
+    return (f"torch {version} is newer than the newest torch shmcoll was tested on ({newest}); the shm "
+            f"backend should work, but if it misbehaves, please report it with the output of "
+            f"`python -m shmcoll info`")
+
+
+def warn_if_untested() -> None:
+    """Log ``untested()`` as a WARNING, once per process (the first group created calls it)."""
+    reason = untested()
+    if reason is not None and _warned.acquire(blocking=False):
+        log.warning("shmcoll: %s", reason)

@@ -80,6 +80,7 @@ class Collectives:
         self._teardown = threading.Lock()  # shutdown() and abort() may come from any thread, twice
         self._in_collective = False  # a collective runs now (inline, on the progress thread, or the small path)
         _configure_logging(rank)
+        _torch_compat.warn_if_untested()  # the first group of a process says so on a torch newer than tested
         gloo_exit.install()  # a Gloo group beside this one must not abort the process at exit
         # Load every kernel before any collective, so none compiles on only some ranks.
         kernel_library.warm()

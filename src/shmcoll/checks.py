@@ -11,13 +11,25 @@ import torch
 _STRIDED = torch.strided
 
 
+def not_cpu(what: str, device) -> ValueError:
+    """The error for a tensor on another device than the CPU.
+
+    It names a group of the device's own backend, not ``init_process_group("cpu:shm,cuda:nccl")``:
+    from such a list torch keeps the first creator's result that is a whole ProcessGroup, as shm's
+    is, and registers no NCCL beneath it (seen on torch 2.11 with NCCL and 2.13), so that line would
+    give a group on which CUDA tensors fail the same way.
+    """
+    return ValueError(f"{what}: the shm backend handles CPU tensors only, got a tensor on {device}; pass "
+                      f"such tensors to a group of a backend for that device, e.g. "
+                      f"torch.distributed.new_group(backend='nccl')")
+
+
 def tensor(t, what: str) -> torch.Tensor:
     """``t`` if it is a dense CPU tensor."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_cpu:
-        raise ValueError(f"{what}: the shm backend handles CPU tensors only, got a tensor on {t.device}; "
-                         f"use init_process_group('cpu:shm,cuda:nccl') to route device tensors elsewhere")
+        raise not_cpu(what, t.device)
     if t.layout is not _STRIDED:
         raise ValueError(f"{what}: the shm backend handles dense tensors here, got layout {t.layout}")
     return t

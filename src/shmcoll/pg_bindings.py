@@ -15,8 +15,11 @@ Three things a C++ group would give for free have to be made here:
   one ``Collectives`` takes, (tensors, options), as the bindings would.
 * A backend registered for cpu beneath the group (``fail_loud_backend``), so
   that torch code looking beneath the group finds one.
-* Non-CPU tensors go to the group's backend for their device, if any (e.g.
-  ``init_process_group("cpu:shm,cuda:nccl")``).
+* Non-CPU tensors go to the group's backend for their device, if one is
+  registered beneath it; else they raise, naming the way that works, a group
+  of their own. torch registers none itself: from a list such as
+  ``init_process_group("cpu:shm,cuda:nccl")`` it keeps the first creator's
+  result that is a whole ProcessGroup, this one, and drops the others.
 
 Every method is also kept out of TorchDynamo (``_torch_compat.skip_dynamo``).
 """
@@ -28,7 +31,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from shmcoll import _torch_compat
+from shmcoll import _torch_compat, checks
 from shmcoll.backend import Collectives
 
 _CPU = torch.device("cpu")
@@ -89,8 +92,7 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
         except RuntimeError:
             backend = None
         if backend is None or device.type == "cpu":
-            raise ValueError(f"{name}: the shm backend handles CPU tensors only, got a tensor on {device}; "
-                             f"name a backend for that device, e.g. init_process_group('cpu:shm,cuda:nccl')")
+            raise checks.not_cpu(name, device)
         return getattr(backend, name)(*args, **kwargs)
 
     # -- every call form of c10d's bindings ------------------------------------
