@@ -2,11 +2,10 @@
 on every rank, never a wrong result or a hang (tests/agreement.py)."""
 import pytest
 
+from shmcoll._env import group_wide, read_settings
 from tests.harness import assert_job_passes, spawn
 
-DEFAULTS = {"SHMCOLL_CHUNK_BYTES": 512 * 1024, "SHMCOLL_P2P_BYTES": 64 * 1024,
-            "SHMCOLL_SMALL_BYTES": 64 * 1024, "SHMCOLL_THREAD_BYTES": 512 * 1024,
-            "SHMCOLL_SEGMENT_BYTES": 2 * 1024 * 1024, "SHMCOLL_SINGLE_COPY": "auto"}
+DEFAULTS = group_wide(read_settings({}))  # every group-wide setting's default, by variable
 
 
 # (variable, value on one rank, that rank): smaller on a rank that attaches, larger on the creator.

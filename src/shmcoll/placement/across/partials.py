@@ -45,15 +45,7 @@ def allreduce(link: Link, part: torch.Tensor, red: ops.Reduction, one_round: boo
     (before AVG's division), once the returned Pending is waited for."""
     members, me = len(link.ranks), link.position
     if one_round:
-        rows = torch.empty((members, part.numel()), dtype=part.dtype)
-        others = [m for m in range(members) if m != me]
-        pending = link.swap({m: part for m in others}, {m: rows[m] for m in others})
-
-        def combined():
-            rows[me].copy_(part)
-            combine(red, part, rows)
-
-        return pending.followed_by(combined)
+        return _whole(link, part, red, {m: part for m in range(members) if m != me})
     pieces, rows, first = _scatter_pieces(link, part)
 
     def gather_everywhere():
@@ -74,16 +66,7 @@ def toward(link: Link, part: torch.Tensor, to: int, red: ops.Reduction, one_roun
     members, me = len(link.ranks), link.position
     others = [m for m in range(members) if m != to]
     if one_round:
-        if me != to:
-            return link.send(part, to)
-        rows = torch.empty((members, part.numel()), dtype=part.dtype)
-        pending = link.swap({}, {m: rows[m] for m in others})
-
-        def combined():
-            rows[me].copy_(part)
-            combine(red, part, rows)
-
-        return pending.followed_by(combined)
+        return _whole(link, part, red, {}) if me == to else link.send(part, to)
     pieces, rows, first = _scatter_pieces(link, part)
 
     def gather_on_root():
@@ -93,6 +76,20 @@ def toward(link: Link, part: torch.Tensor, to: int, red: ops.Reduction, one_roun
         return link.swap({}, {m: pieces[m] for m in others}).followed_by(lambda: _unpad(part, pieces))
 
     return first.followed_by(gather_on_root)
+
+
+def _whole(link: Link, part: torch.Tensor, red: ops.Reduction, outgoing: dict) -> Pending:
+    """The one round: ``part`` sent as ``outgoing`` says (member -> tensor), every other member's whole partial
+    received, and ``part`` = their combination in member order once they are in."""
+    members, me = len(link.ranks), link.position
+    rows = torch.empty((members, part.numel()), dtype=part.dtype)
+    pending = link.swap(outgoing, {m: rows[m] for m in range(members) if m != me})
+
+    def combined():
+        rows[me].copy_(part)
+        combine(red, part, rows)
+
+    return pending.followed_by(combined)
 
 
 def _scatter_pieces(link: Link, part: torch.Tensor):
