@@ -472,19 +472,28 @@ def _expected(spec: dict, rank: int, world: int):
 
 
 def _issue(spec: dict, group, inp, outs):
-    kind = spec["kind"]
+    """The call of ``spec``; with ``async``, issued with async_op=True, and the error expected from its wait()
+    (the call itself must not raise it)."""
+    kind, asynchronous = spec["kind"], spec.get("async", False)
     if kind == "all_reduce":
-        dist.all_reduce(outs[0], op=getattr(R, spec.get("op", "SUM")), group=group)
+        work = dist.all_reduce(outs[0], op=getattr(R, spec.get("op", "SUM")), group=group, async_op=asynchronous)
     elif kind == "broadcast":
-        dist.broadcast(outs[0], src=dist.get_global_rank(group, spec.get("root", 0)), group=group)
+        work = dist.broadcast(outs[0], src=dist.get_global_rank(group, spec.get("root", 0)), group=group,
+                              async_op=asynchronous)
     elif kind == "all_gather":
-        dist.all_gather(outs, inp, group=group)
+        work = dist.all_gather(outs, inp, group=group, async_op=asynchronous)
     elif kind == "all_gather_into_tensor":
-        dist.all_gather_into_tensor(outs[0], inp, group=group)
+        work = dist.all_gather_into_tensor(outs[0], inp, group=group, async_op=asynchronous)
     elif kind == "barrier":
-        dist.barrier(group=group)
+        work = dist.barrier(group=group, async_op=asynchronous)
     else:
         raise ValueError(kind)
+    if asynchronous:
+        try:
+            work.wait()
+        except Exception as error:
+            error.raised_by_wait = True  # where the caller meets it (mismatch() records it)
+            raise
 
 
 def mismatch(rank: Rank, cases: dict, timeout: float = 2.0):
@@ -512,6 +521,7 @@ def mismatch(rank: Rank, cases: dict, timeout: float = 2.0):
             record["outputs_right"] = all(torch.equal(o, w) for o, w in zip(outs, want))
         except Exception as error:
             record["error"] = error_record(error, start)
+            record["error"]["by_wait"] = getattr(error, "raised_by_wait", False)
             record["outputs_intact"] = all(torch.equal(o, b) for o, b in zip(outs, before))
         if not all(torch.equal(o, b) for o, b in zip(outs, before)) and "error" not in record \
                 and not record.get("outputs_right"):

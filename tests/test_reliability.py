@@ -498,8 +498,8 @@ def test_ctrl_c_through_torchrun_leaves_no_segment(when):
 
 # -- 4. mismatched collectives ------------------------------------------------------
 
-def _c(kind, numel=100, dtype="float32", root=0, op="SUM"):
-    return {"kind": kind, "numel": numel, "dtype": dtype, "root": root, "op": op}
+def _c(kind, numel=100, dtype="float32", root=0, op="SUM", asynchronous=False):
+    return {"kind": kind, "numel": numel, "dtype": dtype, "root": root, "op": op, "async": asynchronous}
 
 
 AR, BC, AG, BAR = (lambda **k: _c("all_reduce", **k)), (lambda **k: _c("broadcast", **k)), \
@@ -527,6 +527,11 @@ MISMATCH_CASES = {
     "broadcast_vs_barrier": ([BC(root=0), BAR(), BAR()], ["broadcast"], ["barrier"]),
     "all_gather_vs_broadcast_root": ([AG(), AG(), BC(root=2)], ["all_gather"], ["broadcast"]),
     "barrier_vs_all_gather": ([BAR(), AG(), AG()], ["barrier"], ["all_gather"]),
+    # async_op=True: small ones run inline, large ones on the progress thread; wait() raises either way
+    "async_all_reduce_vs_broadcast": ([AR(asynchronous=True), BC(root=0, asynchronous=True), AR(asynchronous=True)],
+                                      ["all_reduce"], ["broadcast"]),
+    "async_large_all_reduce_vs_all_gather": ([AR(numel=300_000, asynchronous=True)] * 2
+                                             + [AG(numel=300_000, asynchronous=True)], ["all_reduce"], ["all_gather"]),
 }
 MISMATCH_TIMEOUT = 2.0
 
@@ -567,6 +572,8 @@ def test_mismatched_collectives_are_detected(mismatch_job, case):
             problems.append(f"{what}: took {err['elapsed']:.2f} s")
         if not res.get("outputs_intact"):
             problems.append(f"{what}: raised but its tensors were modified")
+        if call.get("async") and not err.get("by_wait"):
+            problems.append(f"{what}: an asynchronous call raised at the call, not from wait()")
     assert not problems, "\n".join(problems)
 
 

@@ -24,14 +24,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from shmcoll import _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops, placement, sparse
+from shmcoll import _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops, placement, profiling, sparse
 from shmcoll._env import read_settings
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
 from shmcoll.errors import AbortedError, ShmcollError
-from shmcoll.work import ProgressEngine
+from shmcoll.work import ProgressEngine, ending
 
 _STRIDED = torch.strided
+_profiling = profiling.active
 _SUM = dist.ReduceOp.SUM
 _Tensor = torch.Tensor
 _AllreduceOptions = dist.AllreduceOptions
@@ -88,6 +89,7 @@ class Collectives:
         self._sparse_buffers = sparse.Buffers()  # empty until a sparse all_reduce
         # The all-reduce fast path: one node, plans admitted per (op value, dtype) as they are met.
         self._planned = {} if self._placement.one_shot_bytes and _hash_is_op_value() else None
+        self._inline_async_bytes = self._placement.inline_async_bytes
         # The fast paths of all_gather_into_tensor, broadcast and reduce_scatter_tensor (any placement):
         # the fixed part of the descriptor of each (kind, dtype, root) and, for reduce_scatter, the
         # plan of each (op value, dtype), admitted by the general path as they are met.
@@ -126,10 +128,13 @@ class Collectives:
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("rank %d: %s #%d", self._rank, descriptors.describe(desc), self._seq)
 
-    def _run(self, desc: int, body) -> None:
-        """Run ``body`` as collective ``desc``; a failure of ours makes the group unusable."""
+    def _run(self, desc: int, body, inputs, event=None) -> None:
+        """Run ``body`` as collective ``desc`` of ``inputs``; a failure of ours makes the group unusable. Its
+        profiler event (``profiling``) is ``event`` where the issuing thread began it, else one begun here."""
         self._start(desc)
         self._in_collective = True  # the arena is in use: teardown must not unmap it under us
+        if event is None and _profiling():  # a function call less per collective when no profiler is on
+            event = profiling.start(desc, inputs, self._size)
         try:
             body()
         except ShmcollError as error:
@@ -137,42 +142,71 @@ class Collectives:
             raise
         finally:
             self._in_collective = False
+            if event is not None:
+                profiling.end(event)
 
-    def _launch(self, desc: int, body, result, opts):
-        """Run ``body()`` as collective ``desc`` in issue order; return its Work (with ``result``)."""
-        if not _is_async(opts) and not self._engine.busy():
-            # Synchronous with nothing queued (torch's wrappers, as the small all-reduce path assumes,
-            # issue from one thread): run it here, without the engine's hand-off and lock, 1-2 us of
-            # an all_gather that single copy finishes in 4.
-            return self._now(desc, body, result)
+    def _launch(self, desc: int, body, result, opts, nbytes: int | None = None, inputs=None):
+        """Run ``body()`` as collective ``desc`` in issue order; return its Work (with ``result``). ``nbytes``:
+        what this rank brings to it, if one number says (an asynchronous call that small runs inline);
+        ``inputs``: its input tensors, for the profiler (default: ``result``)."""
+        inputs = result if inputs is None else inputs
+        if not self._engine.busy():
+            # Nothing queued (torch's wrappers, as the small all-reduce path assumes, issue from one
+            # thread): a synchronous call runs here, without the engine's hand-off and lock, 1-2 us of an
+            # all_gather that single copy finishes in 4; so does an asynchronous one too small for the
+            # overlap to pay for the hand-off (``inline_async_bytes``).
+            if not _is_async(opts):
+                return self._now(desc, body, result, inputs)
+            if nbytes is not None and nbytes <= self._inline_async_bytes:
+                return self._now_async(desc, body, result, inputs)
+        event = profiling.start(desc, inputs, self._size)  # on this thread: see profiling
+        ran = []
 
         def run():
+            ran.append(True)
             # On the progress thread, waits use the thread's budgets for this collective only.
             background = self._engine.on_thread
             if background:
                 self._placement.set_background(True)
             try:
-                self._run(desc, body)
+                self._run(desc, body, inputs, event)
             finally:
                 if background:
                     self._placement.set_background(False)
 
-        return self._engine.execute(run, result, _is_async(opts), lambda: descriptors.describe(desc))
+        try:
+            return self._engine.execute(run, result, _is_async(opts), lambda: descriptors.describe(desc))
+        except BaseException:
+            if not ran:  # refused (the group was shut down): its event ends here
+                profiling.end(event)
+            raise
 
-    def _now(self, desc: int, body, result):
+    def _now(self, desc: int, body, result, inputs=None):
         """Run ``body()`` as collective ``desc`` here and now (synchronous, nothing queued); its Work."""
-        self._run(desc, body)
+        self._run(desc, body, result if inputs is None else inputs)
         return self._engine.completed(result)
 
-    def _launch_each(self, calls, step, result, opts):
-        """A coalesced call: ``step(*args, desc)`` for each (*args, desc) of ``calls``, in order, as one Work."""
+    def _now_async(self, desc: int, body, result, inputs=None):
+        """``_now`` for an asynchronous call: a Work of its own, which the caller may keep and wait for
+        later; a failure reaches the caller through it, as from the progress thread (``wait()`` and the
+        future raise it), not from the call."""
+        try:
+            self._run(desc, body, result if inputs is None else inputs)
+        except Exception as error:
+            return self._engine.finished(result, desc, error)
+        return self._engine.finished(result, desc)
+
+    def _launch_each(self, calls, step, result, opts, nbytes: int, inputs):
+        """A coalesced call: ``step(*args, desc)`` for each (*args, desc) of ``calls``, in order, as one Work
+        (``nbytes``, ``inputs``: as ``_launch`` takes them, of all the calls together)."""
 
         def body():
             for *args, desc in calls:
                 self._desc = desc
                 step(*args, desc)
 
-        return self._launch(calls[0][-1] if calls else descriptors.descriptor(descriptors.BARRIER), body, result, opts)
+        return self._launch(calls[0][-1] if calls else descriptors.descriptor(descriptors.BARRIER), body, result, opts,
+                            nbytes, inputs)
 
     # -- reductions ----------------------------------------------------------
 
@@ -186,22 +220,29 @@ class Collectives:
         # call); a small tensor takes the one-shot exchange, a larger one the
         # placement's all-reduce, the same one the general path runs.
         plans = self._planned
-        if plans is not None and type(opts) is _AllreduceOptions and len(tensors) == 1 and not opts.asyncOp:
+        if plans is not None and type(opts) is _AllreduceOptions and len(tensors) == 1:
             tensor = tensors[0]
             if (isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.layout is _STRIDED
                     and tensor.is_contiguous()):
                 plan = plans.get((hash(opts.reduceOp), tensor.dtype))
                 if plan is not None:
                     count = tensor.numel()
-                    if 0 < count <= descriptors.COUNT_MAX and not self._engine.busy():
+                    now = self._now if not opts.asyncOp else self._now_for(True, count * tensor.itemsize)
+                    if 0 < count <= descriptors.COUNT_MAX and now is not None and not self._engine.busy():
                         one_shot_count, desc_base, red = plan
                         desc = desc_base | count << descriptors.COUNT_SHIFT
                         if count <= one_shot_count:
-                            return self._now(desc, lambda: self._placement.one_shot(tensor, count, red, desc),
-                                             tensors)
+                            return now(desc, lambda: self._placement.one_shot(tensor, count, red, desc), tensors)
                         # red.finish would do nothing: plans that need it are not admitted
-                        return self._now(desc, lambda: self._placement.allreduce(tensor, red, desc), tensors)
+                        return now(desc, lambda: self._placement.allreduce(tensor, red, desc), tensors)
         return self._allreduce(tensors, opts)
+
+    def _now_for(self, async_op: bool, nbytes: int):
+        """How a fast path runs a call: ``_now`` (synchronous), ``_now_async`` (asynchronous but small), or None
+        (the general path: asynchronous and large enough to overlap)."""
+        if not async_op:
+            return self._now
+        return self._now_async if nbytes <= self._inline_async_bytes else None
 
     def _allreduce(self, tensors, opts):
         if isinstance(tensors, torch.Tensor):
@@ -218,7 +259,7 @@ class Collectives:
             self._placement.allreduce(tensor, red, desc)
             red.finish(tensor)
 
-        return self._launch(desc, body, [tensor], opts)
+        return self._launch(desc, body, [tensor], opts, tensor.nbytes)
 
     def _admit(self, redop, dtype, red: ops.Reduction) -> None:
         """Let later all-reduces of (redop, dtype) take the fast path, if it can run them."""
@@ -271,33 +312,37 @@ class Collectives:
             if self._rank == root:
                 red.finish(tensor)
 
-        return self._launch(desc, body, [tensor], opts)
+        return self._launch(desc, body, [tensor], opts, tensor.nbytes)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         output = checks.one_tensor(output_tensors, "reduce_scatter output")
         inputs = checks.one_list_like(input_lists, self._size, output, "reduce_scatter input")
-        return self._reduce_scatter(output, lambda: torch.cat([t.reshape(-1) for t in inputs]), opts)
+        return self._reduce_scatter(output, lambda: torch.cat([t.reshape(-1) for t in inputs]), opts, inputs)
 
     def reduce_scatter_single(self, output, input, opts=None):
         # all_reduce's fast path (see there) for FSDP2's gradient reduce-scatters and tensor-parallel
-        # layers: plain tensors, a contiguous input, a synchronous call, an (op, dtype) met before whose
-        # plan needs nothing per call or after it (``Reduction.fixed``), nothing in flight. Any placement.
+        # layers: plain tensors, a contiguous input, a synchronous (or small) call, an (op, dtype) met before
+        # whose plan needs nothing per call or after it (``Reduction.fixed``), nothing in flight. Any placement.
         plans = self._scatters
-        if (plans is not None and type(opts) is _ReduceScatterOptions and not opts.asyncOp and _plain(output)
+        if (plans is not None and type(opts) is _ReduceScatterOptions and _plain(output)
                 and _plain(input) and input.is_contiguous()):
             plan = plans.get((hash(opts.reduceOp), output.dtype))
             count = output.numel()
-            if (plan is not None and input.dtype is output.dtype and input.numel() == count * self._size
-                    and count <= descriptors.COUNT_MAX and not self._engine.busy()):
+            now = self._now_for(opts.asyncOp, input.nbytes)
+            if (plan is not None and now is not None and input.dtype is output.dtype
+                    and input.numel() == count * self._size and count <= descriptors.COUNT_MAX
+                    and not self._engine.busy()):
                 base, red = plan
                 desc = base | count << descriptors.COUNT_SHIFT
-                return self._now(desc, lambda: self._placement.reduce_scatter(output, input, red, desc), [output])
+                return now(desc, lambda: self._placement.reduce_scatter(output, input, red, desc), [output], [input])
         checks.gathered(input, output, self._size, "reduce_scatter_tensor", "input", "output")
         # Only the input's data is read, so a contiguous one is not flattened (reshape costs a microsecond).
-        return self._reduce_scatter(output, lambda: input if input.is_contiguous() else input.contiguous(), opts)
+        return self._reduce_scatter(output, lambda: input if input.is_contiguous() else input.contiguous(), opts,
+                                    [input])
 
-    def _reduce_scatter(self, output, stacked, opts):
-        """``stacked()``: a contiguous tensor of every rank's block for ``output``, in rank order."""
+    def _reduce_scatter(self, output, stacked, opts, inputs):
+        """``stacked()``: a contiguous tensor of every rank's block for ``output``, in rank order (``inputs``
+        as the caller gave them)."""
         red = self._reductions.plan(_reduce_op(opts), output.dtype, "reduce_scatter")
         desc = descriptors.descriptor(descriptors.REDUCE_SCATTER, red.view(output).numel(), red.dtype.code, red.code)
         if self._scatters is not None and red.fixed:
@@ -309,7 +354,7 @@ class Collectives:
             self._placement.reduce_scatter(output, stacked(), red, desc)
             red.finish(output)
 
-        return self._launch(desc, body, [output], opts)
+        return self._launch(desc, body, [output], opts, output.nbytes * self._size, inputs)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         checks.pairs(outputs, inputs, "reduce_scatter_tensor_coalesced")
@@ -325,7 +370,8 @@ class Collectives:
             self._placement.reduce_scatter(output, input, red, desc)
             red.finish(output)
 
-        return self._launch_each(scatters, reduce_scatter, list(outputs), opts)
+        return self._launch_each(scatters, reduce_scatter, list(outputs), opts, sum(t.nbytes for t in inputs),
+                                 list(inputs))
 
     # -- data movement -------------------------------------------------------
 
@@ -338,40 +384,47 @@ class Collectives:
         return descriptors.descriptor(kind, count, code, 0, root)
 
     def broadcast(self, tensors, opts=None):
-        # all_reduce's fast path (see there): one plain tensor of a (dtype, root) met before, synchronous.
-        if type(opts) is _BroadcastOptions and not opts.asyncOp and type(tensors) is list and len(tensors) == 1:
+        # all_reduce's fast path (see there): one plain tensor of a (dtype, root) met before, synchronous
+        # (or small).
+        if type(opts) is _BroadcastOptions and type(tensors) is list and len(tensors) == 1:
             tensor = tensors[0]
             if _plain(tensor):
                 root = opts.rootRank
                 base = self._movements.get((descriptors.BROADCAST, tensor.dtype, root))
                 count = tensor.numel()
-                if base is not None and count <= descriptors.COUNT_MAX and not self._engine.busy():
+                now = self._now_for(opts.asyncOp, tensor.nbytes)
+                if base is not None and now is not None and count <= descriptors.COUNT_MAX \
+                        and not self._engine.busy():
                     desc = base | count << descriptors.COUNT_SHIFT
-                    return self._now(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor])
+                    return now(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor])
         tensor = checks.one_tensor(tensors, "broadcast")
         root = checks.root(opts.rootRank if opts is not None else 0, self._size, "broadcast")
         desc = self._movement(descriptors.BROADCAST, tensor, root)
-        return self._launch(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor], opts)
+        return self._launch(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor], opts, tensor.nbytes)
 
     def allgather(self, output_lists, input_tensors, opts=None):
         tensor = checks.one_tensor(input_tensors, "all_gather")
         outputs = checks.one_list_like(output_lists, self._size, tensor, "all_gather output")
         desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(tensor))
-        return self._launch(desc, lambda: self._placement.allgather(outputs, tensor, desc), output_lists, opts)
+        return self._launch(desc, lambda: self._placement.allgather(outputs, tensor, desc), output_lists, opts,
+                            tensor.nbytes, [tensor])
 
     def all_gather_single(self, output, input, opts=None):
         # all_reduce's fast path (see there) for FSDP2's parameter all-gathers and tensor-parallel decode:
-        # plain tensors of a dtype met before, a synchronous call, nothing in flight. Any placement.
-        if type(opts) is _AllgatherOptions and not opts.asyncOp and _plain(input) and _plain(output):
+        # plain tensors of a dtype met before, a synchronous (or small) call, nothing in flight. Any placement.
+        if type(opts) is _AllgatherOptions and _plain(input) and _plain(output):
             base = self._movements.get((descriptors.ALLGATHER, input.dtype, 0))
             count = input.numel()
-            if (base is not None and output.dtype is input.dtype and output.numel() == count * self._size
-                    and count <= descriptors.COUNT_MAX and not self._engine.busy()):
+            now = self._now_for(opts.asyncOp, input.nbytes)
+            if (base is not None and now is not None and output.dtype is input.dtype
+                    and output.numel() == count * self._size and count <= descriptors.COUNT_MAX
+                    and not self._engine.busy()):
                 desc = base | count << descriptors.COUNT_SHIFT
-                return self._now(desc, lambda: self._placement.allgather_into(output, input, desc), [output])
+                return now(desc, lambda: self._placement.allgather_into(output, input, desc), [output], [input])
         checks.gathered(output, input, self._size, "all_gather_into_tensor", "output", "input")
         desc = self._movement(descriptors.ALLGATHER, input)
-        return self._launch(desc, lambda: self._placement.allgather_into(output, input, desc), [output], opts)
+        return self._launch(desc, lambda: self._placement.allgather_into(output, input, desc), [output], opts,
+                            input.nbytes, [input])
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """``output_lists[r][i]`` receives rank r's ``input_list[i]`` (torch's documented layout, as Gloo's)."""
@@ -387,7 +440,8 @@ class Collectives:
         gathers = [([outputs[i] for outputs in output_lists], tensor,
                     descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(tensor)))
                    for i, tensor in enumerate(input_list)]
-        return self._launch_each(gathers, self._placement.allgather, output_lists, opts)
+        return self._launch_each(gathers, self._placement.allgather, output_lists, opts,
+                                 sum(t.nbytes for t in input_list), list(input_list))
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         checks.pairs(outputs, inputs, "all_gather_into_tensor_coalesced")
@@ -395,19 +449,22 @@ class Collectives:
         for output, input in zip(outputs, inputs):
             checks.gathered(output, input, self._size, "all_gather_into_tensor_coalesced", "output", "input")
             gathers.append((output, input, descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(input))))
-        return self._launch_each(gathers, self._placement.allgather_into, list(outputs), opts)
+        return self._launch_each(gathers, self._placement.allgather_into, list(outputs), opts,
+                                 sum(t.nbytes for t in inputs), list(inputs))
 
     def gather(self, output_lists, input_tensors, opts=None):
         tensor = checks.one_tensor(input_tensors, "gather")
         root, outputs = checks.rooted(opts, output_lists, tensor, self._size, self._rank, "gather", "output")
         desc = descriptors.descriptor(descriptors.GATHER, *ops.movement(tensor), 0, root)
-        return self._launch(desc, lambda: self._placement.gather(outputs, tensor, root, desc), output_lists, opts)
+        return self._launch(desc, lambda: self._placement.gather(outputs, tensor, root, desc), output_lists, opts,
+                            inputs=[tensor])
 
     def scatter(self, output_tensors, input_lists, opts=None):
         output = checks.one_tensor(output_tensors, "scatter output")
         root, inputs = checks.rooted(opts, input_lists, output, self._size, self._rank, "scatter", "input")
         desc = descriptors.descriptor(descriptors.SCATTER, *ops.movement(output), 0, root)
-        return self._launch(desc, lambda: self._placement.scatter(output, inputs, root, desc), [output], opts)
+        return self._launch(desc, lambda: self._placement.scatter(output, inputs, root, desc), [output], opts,
+                            inputs=inputs or [])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         outputs = checks.list_of_size(output_tensors, self._size, "all_to_all output list")
@@ -418,7 +475,8 @@ class Collectives:
             raise ValueError(f"all_to_all: the outputs are {outputs[0].dtype}, the inputs {inputs[0].dtype}")
         # No count: each rank knows only its own sizes (the collective exchanges them; see algorithms.alltoall).
         desc = descriptors.descriptor(descriptors.ALLTOALL, 0, ops.movement_code(inputs[0].dtype))
-        return self._launch(desc, lambda: self._placement.alltoall(outputs, inputs, desc), output_tensors, opts)
+        return self._launch(desc, lambda: self._placement.alltoall(outputs, inputs, desc), output_tensors, opts,
+                            inputs=inputs)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         checks.tensor(input, "all_to_all_single input")
@@ -431,11 +489,11 @@ class Collectives:
         # explicit from here on, and the collective exchanges them (see algorithms.alltoall).
         desc = descriptors.descriptor(descriptors.ALLTOALL, 0, ops.movement_code(input.dtype))
         return self._launch(desc, lambda: self._placement.alltoall_single(output, input, out_blocks, in_blocks,
-                                                                          desc), [output], opts)
+                                                                          desc), [output], opts, inputs=[input])
 
     def barrier(self, opts=None):
         desc = descriptors.descriptor(descriptors.BARRIER)
-        return self._launch(desc, lambda: self._placement.barrier(desc), [], opts)
+        return self._launch(desc, lambda: self._placement.barrier(desc), [], opts, 0)
 
     # -- point-to-point ------------------------------------------------------
 
@@ -443,18 +501,21 @@ class Collectives:
         tensor = checks.one_tensor(tensors, "send")
         dst = checks.peer(dstRank, self._rank, self._size, "send")
         self._check_usable()  # like every collective: after an error, peers may be anywhere
-        return self._placement.send(tensor, dst, tag)
+        event = profiling.start_p2p("send", tensor, dst, tag, self._size)
+        return ending(self._placement.send(tensor, dst, tag), event)
 
     def recv(self, tensors, srcRank: int, tag: int = 0):
         tensor = checks.one_tensor(tensors, "recv")
         src = checks.peer(srcRank, self._rank, self._size, "recv")
         self._check_usable()
-        return self._placement.recv(tensor, src, tag)
+        event = profiling.start_p2p("recv", tensor, src, tag, self._size)
+        return ending(self._placement.recv(tensor, src, tag), event)
 
     def recv_anysource(self, tensors, tag: int = 0):
         tensor = checks.one_tensor(tensors, "recv")
         self._check_usable()
-        return self._placement.recv(tensor, None, tag)
+        event = profiling.start_p2p("recv", tensor, None, tag, self._size)
+        return ending(self._placement.recv(tensor, None, tag), event)
 
     # -- teardown ------------------------------------------------------------
 

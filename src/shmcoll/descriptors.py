@@ -28,13 +28,30 @@ def descriptor(kind: int, count: int = 0, dtype_code: int = 0, op_code: int = 0,
             | (count & COUNT_MAX) << COUNT_SHIFT)
 
 
+def _unpack(desc: int):
+    """(kind code, op name or None, dtype name or None, root, count) of a descriptor."""
+    return (desc & 0x3F, _OP_NAME_BY_CODE.get(desc >> 6 & 0xF), _DTYPE_BY_CODE.get(desc >> 10 & 0x1F),
+            desc >> 15 & 0x7FFF, desc >> COUNT_SHIFT)
+
+
+def fields(desc: int) -> tuple[int, dict]:
+    """(kind code, what a profiler event of the collective carries: its name, op, dtype, root, message size)."""
+    code, op, dtype, root, count = _unpack(desc)
+    kind = KIND_NAMES.get(code, f"collective #{code}")
+    what = {"Collective name": kind}
+    if op:
+        what["Reduce op"] = op
+    if kind in _ROOTED:
+        what["Root"] = root
+    if kind not in ("barrier", "all_to_all"):
+        what.update({"dtype": dtype, "In msg nelems": count} if dtype else {"In msg bytes": count})
+    return code, what
+
+
 def describe(desc: int) -> str:
     """Human text for a descriptor, e.g. 'all_reduce(sum, float32, 4096 elements)'."""
-    kind = KIND_NAMES.get(desc & 0x3F, f"collective #{desc & 0x3F}")
-    op = _OP_NAME_BY_CODE.get(desc >> 6 & 0xF)
-    dtype = _DTYPE_BY_CODE.get(desc >> 10 & 0x1F)
-    root = desc >> 15 & 0x7FFF
-    count = desc >> COUNT_SHIFT
+    code, op, dtype, root, count = _unpack(desc)
+    kind = KIND_NAMES.get(code, f"collective #{code}")
     parts = [p for p in (op, dtype) if p]
     if kind in _ROOTED:
         parts.append(f"root {root}")

@@ -15,6 +15,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from shmcoll import descriptors, profiling
+
 
 class CompletedWork(dist.Work):
     """A collective that already finished on this rank when the call returned."""
@@ -70,6 +72,8 @@ class AsyncWork(dist.Work):
         self._completion = torch.futures.Future()
         self._future = self._completion.then(self._outcome)
         self._source = -1
+        self._event = None  # a profiler event to end with the work (``ends``)
+        self._event_lock = threading.Lock()
 
     def _outcome(self, _completion):
         if self._error is not None:
@@ -83,7 +87,19 @@ class AsyncWork(dist.Work):
             self._source = source_rank
         self._error = error
         self._done.set()
+        self._end_event()
         self._completion.set_result(None)
+
+    def ends(self, event) -> None:
+        """End profiler ``event`` (``shmcoll.profiling``) when this work finishes, or now if it has."""
+        self._event = event
+        if self._done.is_set():
+            self._end_event()
+
+    def _end_event(self) -> None:
+        with self._event_lock:  # finish() and ends() may race: one of them ends it
+            event, self._event = self._event, None
+        profiling.end(event)
 
     # -- torch.distributed.Work -------------------------------------------------
 
@@ -122,6 +138,17 @@ class AsyncWork(dist.Work):
         return self._future
 
 
+def ending(work, event):
+    """``work``, whose completion ends profiler ``event``: an AsyncWork's finish, else now (a Work that is
+    done, or one of Gloo's, which records its own events)."""
+    if event is not None:
+        if isinstance(work, AsyncWork):
+            work.ends(event)
+        else:
+            profiling.end(event)
+    return work
+
+
 class ProgressEngine:
     """Runs one group's collectives in issue order, inline or on a daemon thread."""
 
@@ -156,6 +183,15 @@ class ProgressEngine:
         done._result = result if result is not None else []
         done._source = -1 if source is None else source
         return done
+
+    def finished(self, result, desc: int, error: BaseException | None = None) -> dist.Work:
+        """The Work of an asynchronous call that ran inline: one of its own (the caller may keep several and
+        wait for them later), completed, or failed with ``error`` as one on the progress thread fails."""
+        if error is None:
+            return CompletedWork(result)
+        work = AsyncWork(result, descriptors.describe(desc))
+        work.finish(error)
+        return work
 
     def execute(self, run, result, async_op: bool, describe):
         """Run ``run()`` (which may return a source rank) in order; return its Work."""

@@ -18,6 +18,8 @@ Each offers the same methods, with the same arguments::
   barrier(desc)                               send(tensor, dst, tag) -> Work;  recv(tensor, src | None, tag) -> Work
   set_background(on)      abort(why): waits in progress raise within a slice      close()      summary() -> lines
   one_shot_bytes: all-reduces up to this size may call one_shot(tensor, count, red, desc) (0: no such path)
+  inline_async_bytes: an asynchronous collective of at most this many bytes per rank runs inline when nothing
+      is queued (too small for overlap to pay for the progress thread's hand-off)
   allgather_windows(input, unit, consume, desc): the all-gather of ``input`` handed to
       consume(start, n, addresses) window by window, each window a multiple of ``unit`` bytes of every
       rank's input (rank r's bytes [start, start + n) at addresses[r], readable until consume returns):

@@ -90,6 +90,11 @@ class OnArena:
 class OneNode(OnArena):
     """The group's placement when all its ranks share one arena."""
 
+    # An asynchronous collective of at most this many bytes per rank runs inline, as a synchronous one does:
+    # handing it to the progress thread and waking the caller's wait cost 100-200 us on the 2-core VM, more
+    # than a 256 KiB all-reduce takes (45 us), so overlap could not pay for it (BENCHMARKS.md, "Asynchronous and functional calls").
+    inline_async_bytes = 256 << 10
+
     def __init__(self, arena, rank: int, settings, waits, lanes, single_copy):
         self.arena = arena
         self.rank = rank
@@ -137,7 +142,11 @@ class OneNode(OnArena):
 
     def one_shot(self, tensor: torch.Tensor, count: int, red: ops.Reduction, desc: int) -> None:
         """The small all-reduce path: a contiguous, non-empty tensor of at most ``one_shot_bytes``."""
-        self._one_shot(tensor.data_ptr(), count, red.dtype.numpy.itemsize, red, desc)
+        itemsize = red.dtype.numpy.itemsize
+        if count * itemsize < self.lanes.split_bytes:  # the 8-byte call: no function call more than it needs
+            return allreduce.one_shot(self.arena, tensor.data_ptr(), count, itemsize, red.kernel, red.op.kernel,
+                                      red.scale, desc)
+        self._one_shot(tensor.data_ptr(), count, itemsize, red, desc)
 
     def _one_shot(self, addr: int, count: int, itemsize: int, red: ops.Reduction, desc: int) -> None:
         lanes = self.lanes.how_many(count * itemsize)

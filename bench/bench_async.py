@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""What each way of calling a collective costs: synchronous, ``async_op=True`` + ``wait()``, and functional.
+
+    .venv/bin/torchrun --nproc_per_node=2 bench/bench_async.py [--sizes 8,256K] [--json PATH]
+
+Tensor parallelism (DTensor, ``parallelize_module``) and compiled code issue their collectives as
+functional collectives (``torch.distributed._functional_collectives``, whose ops reach the group as
+asynchronous calls and are waited for by ``wait_tensor``); DDP, FSDP2 and pipelining call with
+``async_op=True``. For all_reduce, all_gather_into_tensor and reduce_scatter_tensor, float32, at each
+size, on shm (the default group), on a Gloo group over the same ranks, and on a Python backend that moves
+nothing ("noop": the floor of each call form in torch itself), interleaved:
+
+  sync        dist.<op>(...)
+  async       dist.<op>(..., async_op=True).wait()
+  funcol      funcol.<op>(..., group) then wait_tensor (what DTensor and TP layers run)
+  funcol_     torch.ops._c10d_functional.<op>_ (in place, all_reduce only) then wait_tensor
+
+us per call: the slowest rank's best of --rounds rounds (a round: --iters-time seconds of calls after
+a barrier), and each form's time over the synchronous one's. Results are checked once per form.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+import noop_backend  # bench/, beside this script
+from shmcoll.bench import timing
+from shmcoll.bench.sweep import Ctrl, parse_bytes
+
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+FORMS = ("sync", "async", "funcol", "funcol_")
+
+
+def calls(op: str, nbytes: int, group, world: int, rank: int):
+    """form -> call returning its output, a reset of the input, and the expected output, for ``op`` of ``nbytes``
+    (all_gather: its output; the others: the tensor or the input) on ``group``."""
+    n = max(1, nbytes // 4)
+
+    def returning(out, call):
+        def run():
+            call()
+            return out
+        return run
+
+    if op == "all_reduce":
+        x = torch.full((n,), float(rank + 1))
+
+        def functional_in_place():
+            return torch.ops._c10d_functional.wait_tensor(
+                torch.ops._c10d_functional.all_reduce_(x, "sum", group.group_name))
+
+        forms = {
+            "sync": returning(x, lambda: dist.all_reduce(x, group=group)),
+            "async": returning(x, lambda: dist.all_reduce(x, group=group, async_op=True).wait()),
+            "funcol": lambda: funcol.all_reduce(x, "sum", group).wait(),
+            "funcol_": functional_in_place,
+        }
+        return forms, lambda: x.fill_(float(rank + 1)), torch.full((n,), float(world * (world + 1) // 2))
+    per = max(1, n // world)
+    if op == "all_gather_into_tensor":
+        inp, out = torch.full((per,), float(rank)), torch.empty(per * world)
+        forms = {
+            "sync": returning(out, lambda: dist.all_gather_into_tensor(out, inp, group=group)),
+            "async": returning(out, lambda: dist.all_gather_into_tensor(out, inp, group=group, async_op=True).wait()),
+            "funcol": lambda: funcol.all_gather_tensor(inp, 0, group).wait(),
+        }
+        return forms, lambda: None, torch.arange(world, dtype=torch.float32).repeat_interleave(per)
+    inp, out = torch.ones(per * world), torch.empty(per)
+    forms = {
+        "sync": returning(out, lambda: dist.reduce_scatter_tensor(out, inp, group=group)),
+        "async": returning(out, lambda: dist.reduce_scatter_tensor(out, inp, group=group, async_op=True).wait()),
+        "funcol": lambda: funcol.reduce_scatter_tensor(inp, "sum", 0, group).wait(),
+    }
+    return forms, lambda: None, torch.full((per,), float(world))
+
+
+def best_round_us(fn, ctrl, seconds: float, rounds: int) -> float:
+    """This rank's best time per call over ``rounds`` rounds of an agreed number of calls (shmcoll.bench.timing:
+    every rank must make as many calls)."""
+    iters = timing.calibrate(fn, ctrl, seconds, warmup=20)
+    return min(timing.timed_round(fn, ctrl, iters) for _ in range(rounds)) * 1e6
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="8,256K")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--iters-time", type=float, default=0.1, help="seconds of calls per round")
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dist.init_process_group("shm")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    noop_backend.register()
+    groups = {"shm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo"), "noop": dist.new_group(backend="noop")}
+    ctrl_group = dist.new_group(backend="gloo")
+    ctrl = Ctrl(ctrl_group)
+    rows = []
+    for op in OPS:
+        for nbytes in map(parse_bytes, args.sizes.split(",")):
+            row = {"op": op, "bytes": nbytes, "us": {}}
+            for backend, group in groups.items():
+                forms, reset, want = calls(op, nbytes, group, world, rank)
+                for form, fn in forms.items():
+                    reset()
+                    if not torch.equal(fn(), want) and backend != "noop":
+                        raise SystemExit(f"rank {rank}: {op} {form} on {backend} gave a wrong result")
+                    row["us"][f"{backend}/{form}"] = best_round_us(fn, ctrl, args.iters_time, args.rounds)
+            worst = torch.tensor(list(row["us"].values()), dtype=torch.float64)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=ctrl_group)
+            row["us"] = dict(zip(row["us"], worst.tolist()))
+            rows.append(row)
+    if rank == 0:
+        print(f"{world} ranks, {len(os.sched_getaffinity(0))} usable CPUs, torch {torch.__version__}; float32, us per "
+              f"call (slowest rank, best of {args.rounds} rounds), and over the synchronous call\n")
+        print("| op | bytes | backend | " + " | ".join(FORMS) + " |")
+        print("|---|---:|---|" + "---:|" * len(FORMS))
+        for row in rows:
+            for backend in groups:
+                sync = row["us"][f"{backend}/sync"]
+                cells = [f"{row['us'][k]:.1f} ({row['us'][k] / sync:.2f}x)" if (k := f"{backend}/{form}") in row["us"]
+                         else "" for form in FORMS]
+                print(f"| {row['op']} | {row['bytes']} | {backend} | " + " | ".join(cells) + " |")
+        if args.json:
+            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump({"bench": "async", "config": vars(args), "world_size": world, "torch": torch.__version__,
+                           "rows": rows}, f, indent=1)
+    dist.barrier(group=ctrl_group)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
