@@ -112,8 +112,9 @@ def check(model: TensorParallelMLP, x0: torch.Tensor, expected: torch.Tensor,
     return bool(worst.item() <= tolerance), worst.item()
 
 
-def main() -> None:
-    p = _common.parser(__doc__)
+def decode_arguments(doc: str):
+    """The options of a decoding example (this one and tp_dtensor.py), parsed."""
+    p = _common.parser(doc)
     p.add_argument("--tokens", type=int, default=64, help="timed decode steps (default 64)")
     p.add_argument("--warmup", type=int, default=8, help="untimed decode steps before them (default 8)")
     p.add_argument("--layers", type=int, default=8, help="layers, one all_reduce each (default 8)")
@@ -125,6 +126,11 @@ def main() -> None:
     args.ffn = args.ffn or 4 * args.hidden
     if args.tokens < 1 or args.layers < 1:
         p.error("--tokens and --layers must be at least 1")
+    return args
+
+
+def main() -> None:
+    args = decode_arguments(__doc__)
 
     dist.init_process_group(backend=args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()

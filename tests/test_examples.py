@@ -29,6 +29,7 @@ TINY = {
                          "--layers", "2", "--heads", "2", "--vocab", "64"],
     "tp_inference.py": ["--tokens", "4", "--warmup", "1", "--layers", "2", "--hidden", "128",
                                 "--batch", "2"],
+    "tp_dtensor.py": ["--tokens", "4", "--warmup", "1", "--layers", "2", "--hidden", "128", "--batch", "2"],
 }
 
 
@@ -56,6 +57,15 @@ def test_training_example_gives_the_same_losses_on_both_backends(script, name, t
     assert math.isclose(shm["final_loss"], gloo["final_loss"], rel_tol=LOSS_RTOL), (shm["losses"], gloo["losses"])
     assert all(math.isclose(a, b, rel_tol=LOSS_RTOL) for a, b in zip(shm["losses"], gloo["losses"])), \
         (shm["losses"], gloo["losses"])
+
+
+def test_dtensor_example_passes_its_check_on_both_backends(tmp_path):
+    """parallelize_module's functional all_reduces on shm, as on Gloo."""
+    for backend in BACKENDS:
+        data, stdout = run_example("tp_dtensor.py", backend, tmp_path)
+        assert data["check"]["passed"] and data["check"]["rel_error"] <= data["check"]["tolerance"], data
+        assert "check against the single-rank computation: ok" in stdout, stdout
+        assert f"tp_dtensor {backend:>4} world={WORLD_SIZE}:" in stdout and data["tokens_per_s"] > 0, stdout
 
 
 def test_tensor_parallel_example_passes_its_check_on_both_backends(tmp_path):
