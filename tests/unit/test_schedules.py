@@ -190,8 +190,8 @@ def _with_lanes(size: int, lanes: int, body, monkeypatch):
         segment.close()
 
 
-@pytest.mark.parametrize("size", [2, 3])
-def test_lanes_give_one_threads_bits(size, monkeypatch):
+@pytest.mark.parametrize("size, lane_counts", [(2, (2, 3, 4, 8, 16)), (3, (2, 3, 4))])
+def test_lanes_give_one_threads_bits(size, lane_counts, monkeypatch):
     """Every lane-split collective equals its one-lane result bit for bit, and the reference; twice in a row,
     with one-shots on the arena's own steps between (lanes and the arena keep separate steps and slots)."""
     from shmcoll import lanes as L
@@ -201,7 +201,7 @@ def test_lanes_give_one_threads_bits(size, monkeypatch):
     inputs = _inputs(size, count * size, np.float32, 5)
     entry = kernel_library.entry_point("float32")
     results = {}
-    for lanes in (1, 2, 3, 4):
+    for lanes in (1, *lane_counts):
         out = {"ar": [x[:count].copy() for x in inputs], "red": [x[:count].copy() for x in inputs],
                "os": [x[:CHUNK // 4].copy() for x in inputs],
                "rs": [np.zeros(count, np.float32) for _ in range(size)],
@@ -252,7 +252,7 @@ def test_lanes_give_one_threads_bits(size, monkeypatch):
         bc = inputs[0][:count].copy()
         bc[:3] = np.max(stacked[:, :3], axis=0)
         assert np.array_equal(results[1]["bc"][r], bc)
-    for lanes in (2, 3, 4):
+    for lanes in lane_counts:
         for name, per_rank in results[lanes].items():
             for r in range(size):
                 if name == "red" and r != 1:
