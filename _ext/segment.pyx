@@ -85,7 +85,6 @@ cdef class Segment:
     cdef char *base
     cdef readonly Py_ssize_t size
     cdef readonly str path
-    cdef readonly bint created
     cdef readonly int fd  # kept open by create_unnamed() until release_fd(): peers open /proc/PID/fd/FD
     cdef int exports
     cdef bint closing
@@ -188,7 +187,6 @@ def create(str path, Py_ssize_t size):
     seg = Segment()
     seg.path = path
     seg.size = size
-    seg.created = True
     try:
         seg._reserve_and_map(fd, path.rsplit("/", 1)[0] or "/")
     except BaseException:
@@ -217,7 +215,6 @@ def create_unnamed(str directory, Py_ssize_t size):
     seg = Segment()
     seg.path = f"/proc/{getpid()}/fd/{fd}"
     seg.size = size
-    seg.created = True
     try:
         seg._reserve_and_map(fd, directory)
     except BaseException:
@@ -240,7 +237,6 @@ def attach(str path, Py_ssize_t size, bint follow=False):
     seg = Segment()
     seg.path = path
     seg.size = size
-    seg.created = False
     try:
         if fstat(fd, &st) != 0:
             raise _os_error(errno, "fstat", path)

@@ -25,6 +25,7 @@ include "lines.pxi"
 
 cdef extern from "<errno.h>" nogil:
     int errno
+    int EFAULT
 
 cdef extern from "<sys/uio.h>" nogil:
     struct iovec:
@@ -68,7 +69,7 @@ cdef int _read(int pid, char *local, uintptr_t remote, Py_ssize_t nbytes) noexce
         if got < 0:
             return errno
         if got == 0:
-            return 14  # EFAULT: no progress, the range is not there
+            return EFAULT  # no progress: the range is not there
         local += got
         remote += got
         nbytes -= got

@@ -6,7 +6,7 @@ One job runs both, interleaved per size: all_reduce (float32, SUM) on the
 default ``shm`` group (node arena + Gloo rails) and on a Gloo group over the
 same ranks. Reports the median time per call and the bytes each rank hands to
 Gloo per call: for shm what the hierarchy passes to its rails
-(``Nodes.tcp_bytes``), for flat Gloo the whole message. On one machine
+(the ``sent`` bytes of its Links), for flat Gloo the whole message. On one machine
 "TCP" is loopback, so the time ratio understates a real network; the bytes
 column is what carries over.
 """
@@ -21,13 +21,15 @@ import sys
 import time
 from pathlib import Path
 
+from shmcoll._env import parse_bytes
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _size(text: str) -> int:
-    text = text.strip().upper()
-    scale = {"K": 1024, "M": 1024 ** 2}.get(text[-1:], 1)
-    return int(text.rstrip("KM")) * scale
+
+def _sent(placement) -> int:
+    """Bytes the rank's plans handed to its rail and the leaders' link for other nodes (network.Link.sent)."""
+    return sum(link.sent for link in placement.shape.links)
 
 
 def rank_main(args) -> None:
@@ -43,20 +45,20 @@ def rank_main(args) -> None:
     hierarchy = where if type(where).__name__ == "Nodes" else None
     gloo = dist.new_group(backend="gloo")
     rows = []
-    for nbytes in [_size(s) for s in args.sizes.split(",")]:
+    for nbytes in [parse_bytes(s) for s in args.sizes.split(",")]:
         t = torch.ones(nbytes // 4)
         row = {"bytes": nbytes}
         for name, group in (("shm", None), ("gloo", gloo)):
             for _ in range(3):
                 dist.all_reduce(t, group=group)
-            before = hierarchy.tcp_bytes if (name == "shm" and hierarchy) else 0
+            before = _sent(hierarchy) if (name == "shm" and hierarchy) else 0
             times = []
             for _ in range(args.iters):
                 dist.barrier()
                 start = time.perf_counter()
                 dist.all_reduce(t, group=group)
                 times.append(time.perf_counter() - start)
-            sent = ((hierarchy.tcp_bytes - before) / args.iters if (name == "shm" and hierarchy)
+            sent = ((_sent(hierarchy) - before) / args.iters if (name == "shm" and hierarchy)
                     else t.numel() * t.element_size())
             # The slowest rank's median: a collective is done when every rank is.
             med = torch.tensor([statistics.median(times)], dtype=torch.float64)

@@ -55,6 +55,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from shmcoll._env import parse_bytes
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.netns, when run as a script
 
@@ -65,10 +67,6 @@ ROUND_S = 0.3
 MARKER = "BENCH_NETNS_PARENT"  # in every process we start, so cleanup finds orphaned ranks by id
 BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}
 
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper()
-    return int(text.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
 
 
 def link_bytes_per_s(rate: str) -> float | None:
@@ -208,7 +206,7 @@ def worker(args) -> None:
             n *= 4
 
     ops = args.ops.split(",")
-    points = [(op, size) for op in ops for size in ([0] if op == "barrier" else map(parse_size, args.sizes.split(",")))]
+    points = [(op, size) for op in ops for size in ([0] if op == "barrier" else map(parse_bytes, args.sizes.split(",")))]
     for op, size in points:
         errors, diff = check(op, size)
         if diff:

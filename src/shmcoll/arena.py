@@ -40,6 +40,7 @@ import numpy as np
 from shmcoll import _schedules, _segment, _single_copy, _sync
 from shmcoll import descriptors, waits
 from shmcoll.errors import AttachError, CollectiveError, PeerAttachError, PeerDiedError, ShmcollError
+from shmcoll.waits import STEP_MASK
 
 MAGIC = 0x324C4C4F434D4853  # "SHMCOLL2" little-endian: the header below
 HEADER_BYTES = 256
@@ -147,7 +148,7 @@ class Steps:
     def post(self, step: int, desc: int) -> None:
         """Publish ``step`` with the descriptor of the collective it belongs to."""
         self.step = step
-        _sync.post(self.lines, self.local_rank, step & 0xFFFFFFFF, desc)
+        _sync.post(self.lines, self.local_rank, step & STEP_MASK, desc)
 
     def next_step(self) -> int:
         """The step after the last one posted, for a post that writes nothing (so needs no free buffer)."""
@@ -162,7 +163,7 @@ class Steps:
 
     def wait_all(self, step: int) -> None:
         """Block until every local rank has reached ``step``."""
-        behind = _sync.wait_ranks(self.lines, 0, self.local_size, self.local_rank, step & 0xFFFFFFFF,
+        behind = _sync.wait_ranks(self.lines, 0, self.local_size, self.local_rank, step & STEP_MASK,
                                   self.budgets.spin_ns, self.budgets.yield_ns, _SLICE_NS, self.yield_company)
         if behind >= 0:
             self._wait_slow(range(self.local_size), step)
@@ -171,7 +172,7 @@ class Steps:
 
     def wait_rank(self, local_rank: int, step: int) -> None:
         """Block until ``local_rank`` has reached ``step``."""
-        if not _sync.wait_rank(self.lines, local_rank, step & 0xFFFFFFFF, self.budgets.spin_ns,
+        if not _sync.wait_rank(self.lines, local_rank, step & STEP_MASK, self.budgets.spin_ns,
                                self.budgets.yield_ns, _SLICE_NS, self.local_rank, self.yield_company):
             self._wait_slow((local_rank,), step)
 
@@ -180,13 +181,13 @@ class Steps:
         on ``lines``: a lane's)."""
         lines = self.lines if lines is None else lines
         first, stop = (0, self.local_size) if among is None else (among, among + 1)
-        other = _sync.first_mismatch(lines, first, stop, step & 0xFFFFFFFF, desc)
+        other = _sync.first_mismatch(lines, first, stop, step & STEP_MASK, desc)
         if other >= 0:
             ranks = self.arena.ranks
             raise CollectiveError(
                 f"mismatched collectives: rank {ranks[self.local_rank]} called "
                 f"{descriptors.describe(desc)} but rank {ranks[other]} called "
-                f"{descriptors.describe(_sync.load_desc(lines, other, step & 0xFFFFFFFF))} at the same point"
+                f"{descriptors.describe(_sync.load_desc(lines, other, step & STEP_MASK))} at the same point"
             )
 
     def _wait_slow(self, local_ranks, step: int) -> None:
@@ -264,15 +265,6 @@ class Arena(Steps):
     def lanes_oversubscribe(self) -> bool:
         """Whether the node's lane threads outnumber the CPUs this rank may use."""
         return self.local_size * self.lane_count > len(os.sched_getaffinity(0))
-
-    def rows(self, buffer: int, dtype: np.dtype) -> np.ndarray:
-        """``buffer`` as a (local_size, chunk elements) array of ``dtype``; row r is rank r's slot."""
-        view = self._views.get((buffer, dtype))
-        if view is None:
-            start = self.data - self.segment.address + buffer * self.buffer_bytes
-            view = self._raw[start:start + self.buffer_bytes].view(dtype).reshape(self.local_size, -1)
-            self._views[(buffer, dtype)] = view
-        return view
 
     def tables(self, buffer: int) -> np.ndarray:
         """``buffer``'s tables as a (local_size, table_words) int64 array; row r is rank r's, written by it

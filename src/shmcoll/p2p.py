@@ -33,7 +33,7 @@ import numpy as np
 from shmcoll import _single_copy, _sync, single_copy
 from shmcoll._copy import copy
 from shmcoll.errors import ShmcollError
-from shmcoll.waits import reached
+from shmcoll.waits import STEP_MASK, reached
 from shmcoll.work import AsyncWork, CompletedWork
 
 HEADER_BYTES = 64
@@ -59,7 +59,7 @@ class _Transfer:
         """Chunk ``chunk`` (``n`` bytes) went through: count it in ``chunks`` and post it on our ``line``
         of the channel, so the other side may go on."""
         chunks[self.peer] = chunk + 1
-        _sync.post(lines, line, (chunk + 1) & 0xFFFFFFFF, 0)
+        _sync.post(lines, line, (chunk + 1) & STEP_MASK, 0)
         self.offset += n
         self.done = self.offset >= self.nbytes
 
@@ -107,8 +107,8 @@ class Send(_Transfer):
     def wait_target(self):
         lines, _ = self.p2p.arena.channel(self.p2p.me, self.peer)
         if self.read_by is not None:
-            return lines, 1, self.read_by & 0xFFFFFFFF
-        return lines, 1, (self.p2p.sent[self.peer] - 1) & 0xFFFFFFFF
+            return lines, 1, self.read_by & STEP_MASK
+        return lines, 1, (self.p2p.sent[self.peer] - 1) & STEP_MASK
 
 
 class Recv(_Transfer):
@@ -167,7 +167,7 @@ class Recv(_Transfer):
         if self.peer is None:
             return None
         lines, _ = self.p2p.arena.channel(self.peer, self.p2p.me)
-        return lines, 0, (self.p2p.received[self.peer] + 1) & 0xFFFFFFFF
+        return lines, 0, (self.p2p.received[self.peer] + 1) & STEP_MASK
 
 
 class PointToPoint:

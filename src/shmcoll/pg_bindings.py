@@ -75,7 +75,7 @@ def _routes_devices(method):
 
 
 class ProcessGroupShm(Collectives, dist.ProcessGroup):
-    """The shm group itself, on torch without Python-subclassable c10d Backends."""
+    """The shm group itself, on every supported torch (the module's docstring says why not a Backend)."""
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         dist.ProcessGroup.__init__(self, rank, size)

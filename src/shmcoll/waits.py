@@ -29,6 +29,8 @@ from shmcoll.errors import AbortedError, InterNodeError, PeerDiedError, PeerTime
 
 # How long one wait call may block before Python checks deadline, liveness and abort.
 SLICE_NS = 100_000_000
+# Step words are 32 bits (the futex word); Python counts steps in unbounded integers and hands C their low bits.
+STEP_MASK = 0xFFFFFFFF
 
 
 class Budgets(NamedTuple):
@@ -51,7 +53,7 @@ SLEEP_AT_ONCE = Budgets(0, 0)
 
 def reached(seen: int, target: int) -> bool:
     """Whether step word ``seen`` is at or past ``target`` (both uint32; wrap-safe)."""
-    return ((seen - target) & 0xFFFFFFFF) < 0x80000000
+    return ((seen - target) & STEP_MASK) <= STEP_MASK >> 1
 
 
 def process_alive(pid: int) -> bool:
@@ -139,7 +141,7 @@ def until_reached(watch: Watch, lines: int, local_ranks, step: int, what) -> Non
     ended. ``what()`` names the collective, for messages."""
     start = time.monotonic()
     warn_after = watch.first_warning()
-    target = step & 0xFFFFFFFF
+    target = step & STEP_MASK
     while True:
         behind = [r for r in local_ranks if r != watch.me and not reached(_sync.load_step(lines, r), target)]
         if not behind:

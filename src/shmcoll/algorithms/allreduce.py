@@ -7,6 +7,7 @@ Both reduce the L contributions in rank order (row 0 first), so every rank,
 and both algorithms, produce bitwise identical results.
 """
 from shmcoll._schedules import DONE
+from shmcoll.waits import STEP_MASK
 from shmcoll.algorithms import schedule
 
 # The one-shot's reads grow with the ranks (each reads every rank's input) while the chunked schedule's do not:
@@ -24,11 +25,11 @@ def one_shot_limit(small_bytes: int, chunk_bytes: int, local_size: int) -> int:
 def one_shot(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float, desc: int) -> None:
     """Everyone publishes its whole input (at most one slot), then reduces all slots into its output."""
     step = arena.begin_write()
-    status = arena.schedule.one_shot(step & 0xFFFFFFFF, desc, addr, count, itemsize, kernel, op, scale, False)
+    status = arena.schedule.one_shot(step & STEP_MASK, desc, addr, count, itemsize, kernel, op, scale, False)
     arena.record_schedule(step)
     while status != DONE:
         schedule.settle(arena, status, step, desc)
-        status = arena.schedule.one_shot(step & 0xFFFFFFFF, desc, addr, count, itemsize, kernel, op, scale, True)
+        status = arena.schedule.one_shot(step & STEP_MASK, desc, addr, count, itemsize, kernel, op, scale, True)
     arena.record_schedule(step, step)
 
 

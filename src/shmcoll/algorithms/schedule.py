@@ -15,8 +15,8 @@ from shmcoll._schedules import DONE, MISMATCH
 from shmcoll._single_copy import FAILED, SIZES
 from shmcoll.descriptors import describe
 from shmcoll.errors import ShmcollError
+from shmcoll.waits import STEP_MASK
 
-_STEP = 0xFFFFFFFF  # step words are 32 bits; the arena counts in Python integers
 
 
 def run(arena, schedule, desc: int, call, sizes_error=None) -> None:
@@ -26,7 +26,7 @@ def run(arena, schedule, desc: int, call, sizes_error=None) -> None:
     when the schedule starts). ``sizes_error()``: the exception for SIZES.
     """
     base = arena.begin_write() - 1
-    status = call(base & _STEP, -1)
+    status = call(base & STEP_MASK, -1)
     while status != DONE:
         if status == FAILED:
             raise _read_failed(arena, schedule, desc)
@@ -36,13 +36,13 @@ def run(arena, schedule, desc: int, call, sizes_error=None) -> None:
         step = base + 1 if status == MISMATCH else base + status + 1
         arena.record_schedule(step)
         settle(arena, status, step, desc)
-        status = call(base & _STEP, status)
+        status = call(base & STEP_MASK, status)
     arena.record_schedule(_unwrapped(base, schedule.posted), _unwrapped(base, schedule.reached))
 
 
 def _unwrapped(base: int, step: int) -> int:
     """The arena's (unbounded) number of a 32-bit step at or after ``base`` (0: before it, nothing new)."""
-    ahead = (step - base) & _STEP
+    ahead = (step - base) & STEP_MASK
     return base + ahead if ahead < 1 << 31 else 0
 
 

@@ -60,6 +60,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from shmcoll import _env
+
 from shmcoll.bench import cases, report, results, timing
 from shmcoll.bench.report import fmt_bytes
 
@@ -71,20 +73,11 @@ EXIT_MISMATCH = 3
 
 
 def parse_bytes(text: str) -> int:
-    s = text.strip().lower().replace("_", "")
-    for suffix in ("ib", "b"):
-        if s.endswith(suffix) and len(s) > len(suffix):
-            s = s[: -len(suffix)]
-            break
-    mult = 1
-    if s and s[-1] in "kmgt":
-        mult = 1024 ** ("kmgt".index(s[-1]) + 1)
-        s = s[:-1]
+    """A byte size as SHMCOLL_* variables take one (``_env.parse_bytes``: 8, 4K, 64M, 1G), for argparse."""
     try:
-        value = float(s)
+        n = _env.parse_bytes(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad byte size {text!r} (e.g. 8, 4K, 64M, 1G)")
-    n = int(value * mult)
+        raise argparse.ArgumentTypeError(f"bad byte size {text!r} (e.g. 8, 4K, 64M, 1G)") from None
     if n <= 0:
         raise argparse.ArgumentTypeError(f"byte size must be positive: {text!r}")
     return n

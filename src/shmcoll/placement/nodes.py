@@ -87,12 +87,6 @@ class Nodes(OnArena):
         self.nodes = self.shape.nodes
         self.flat = Flat(self.shape.pairs.group, rank, size)
 
-    @property
-    def tcp_bytes(self) -> int:
-        """Bytes this rank's plans handed to its rail and the leaders' link for other nodes (benchmarks, the netns
-        test)."""
-        return sum(link.sent for link in self.shape.links)
-
     # -- plans -----------------------------------------------------------------------
 
     @_gives_up_on_failure
@@ -173,7 +167,8 @@ class Nodes(OnArena):
     # -- lifecycle -------------------------------------------------------------------
 
     def set_background(self, on: bool) -> None:
-        """Waits across nodes always sleep at once (``WaitBudgets.across``): nothing to change."""
+        """Waits across nodes always sleep at once (``__init__`` applies the background budgets for good):
+        nothing to change."""
 
     def summary(self) -> list[str]:
         shape = self.shape

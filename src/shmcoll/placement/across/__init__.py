@@ -4,7 +4,9 @@ Every plan is written over two kinds of stage:
 
   node stages   (``stages``)   shared memory inside this rank's node: the arena's schedules
   network       (``network``)  Gloo between nodes, on a *rail* (local rank i of every node) or
-                               between the nodes' *leaders* (rail 0), started asynchronously
+                               on the leaders' link (the nodes' local rank 0, a group of its own
+                               for small messages), started asynchronously; partial results
+                               combined by our kernels (``partials``)
 
 and lives in a module of its own: allreduce, allgather, reduce_scatter, broadcast, reduce,
 gather, scatter, alltoall, barrier. A large message is cut into segments that flow through
