@@ -334,7 +334,7 @@ def test_a_window_consumer_failing_on_one_rank_fails_the_others_quickly():
     assert failed is not None and "the consumer failed" in failed["error"]["message"], job.logs()
     for r in (0, 2):
         err = job.report(r)["error"]
-        assert err["type"] == "InterNodeError" and "rank 1 gave up" in err["message"], err
+        assert err["type"] == "PeerGaveUpError" and "rank 1 gave up" in err["message"], err
         assert err["elapsed"] < 2.0, err  # a slice or two, not the 30 s timeout
     assert all(job.exitcode(r) == 0 for r in range(3)), job.logs()
     assert job.leftovers() == []

@@ -13,14 +13,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shmcoll._registration import BACKEND_NAME, register_backend
-from shmcoll.errors import CollectiveError, PeerDiedError, PeerTimeoutError, ShmcollError
+from shmcoll.errors import CollectiveError, PeerDiedError, PeerGaveUpError, PeerTimeoutError, ShmcollError
 
 if TYPE_CHECKING:
     from shmcoll.pg_bindings import ProcessGroupShm
 
 __version__ = "0.1.0"
-__all__ = ["BACKEND_NAME", "CollectiveError", "PeerDiedError", "PeerTimeoutError", "ProcessGroupShm",
-           "ShmcollError", "register_backend", "__version__"]
+__all__ = ["BACKEND_NAME", "CollectiveError", "PeerDiedError", "PeerGaveUpError", "PeerTimeoutError",
+           "ProcessGroupShm", "ShmcollError", "register_backend", "__version__"]
 
 register_backend()
 

@@ -17,6 +17,11 @@ class PeerTimeoutError(ShmcollError, TimeoutError):
     """Ranks did not reach a collective within the group's timeout."""
 
 
+class PeerGaveUpError(ShmcollError):
+    """A local peer gave up mid-collective after an error of its own (which its own message names), so the
+    collective cannot complete on this rank either."""
+
+
 class AbortedError(ShmcollError):
     """The group was aborted (``abort()``) while this rank waited in a collective."""
 

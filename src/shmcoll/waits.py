@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from shmcoll import _sync
 from shmcoll._logging import first_wait_warning, log
-from shmcoll.errors import AbortedError, InterNodeError, PeerDiedError, PeerTimeoutError
+from shmcoll.errors import AbortedError, PeerDiedError, PeerGaveUpError, PeerTimeoutError
 
 # How long one wait call may block before Python checks deadline, liveness and abort.
 SLICE_NS = 100_000_000
@@ -115,7 +115,7 @@ class Watch:
             raise PeerDiedError(f"rank(s) {names(self.ranks, dead)} died (process exited) before reaching "
                                 f"{what}; rank {self.ranks[self.me]} was waiting for them")
         if gave_up is not None:
-            raise InterNodeError(f"rank {gave_up} gave up on {what} after an error (see its message), so its "
+            raise PeerGaveUpError(f"rank {gave_up} gave up on {what} after an error (see its message), so its "
                                  f"node's shared-memory steps cannot complete; rank {self.ranks[self.me]} was "
                                  f"waiting for it")
         if waited_s >= self.timeout_s:
