@@ -44,8 +44,8 @@ class Flat:
         """``input``: contiguous, every rank's block for ``output`` in rank order."""
         out = red.view(output)
         count = out.numel()
-        if count == 0:
-            return
+        if count == 0:  # still a collective, as on one node: the ranks meet
+            return self.group.barrier().wait()
         rows = torch.empty((self.size, count), dtype=out.dtype)  # every rank's block for this rank
         block = count * out.element_size()
         self.group.alltoall_base(as_bytes(rows), as_bytes(red.view(input)), [block] * self.size,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from shmcoll.placement.across import pipeline, stages
+from shmcoll.placement.across.barrier import barrier
 from shmcoll.placement.across.network import EXCHANGE_NODES
 from shmcoll.staging import staged_empty, unstage
 
@@ -35,8 +36,8 @@ def allgather(shape, outs: list[torch.Tensor], input: torch.Tensor, desc: int) -
     """Nodes of equal size; ``outs[r]``: a contiguous uint8 view that receives rank r's ``input``."""
     source = input.contiguous().reshape(-1).view(torch.uint8)
     nbytes = source.numel()
-    if nbytes == 0:
-        return
+    if nbytes == 0:  # still a collective, as on one node: the ranks meet
+        return barrier(shape, desc)
     if nbytes * shape.size <= shape.small_bytes:
         return _by_leaders(shape, outs, source, desc)
     link, me = shape.rail, shape.local_rank

@@ -20,14 +20,15 @@ import torch
 
 from shmcoll import ops
 from shmcoll.placement.across import partials, pipeline, stages
+from shmcoll.placement.across.barrier import barrier
 from shmcoll.placement.across.network import EXCHANGE_NODES
 from shmcoll.staging import staged, unstage
 
 
 def allreduce(shape, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
     values = red.view(tensor)
-    if values.numel() == 0:
-        return
+    if values.numel() == 0:  # still a collective, as on one node: the ranks meet
+        return barrier(shape, desc)
     work = staged(values)
     flat = work.view(-1)
     if not shape.uniform or flat.nbytes <= shape.small_bytes:

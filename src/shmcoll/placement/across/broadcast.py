@@ -14,12 +14,13 @@ from __future__ import annotations
 import torch
 
 from shmcoll.placement.across import pipeline, stages
+from shmcoll.placement.across.barrier import barrier
 from shmcoll.staging import staged, unstage
 
 
 def broadcast(shape, tensor: torch.Tensor, root: int, desc: int) -> None:
-    if tensor.numel() == 0:
-        return
+    if tensor.numel() == 0:  # still a collective, as on one node: the ranks meet
+        return barrier(shape, desc)
     work = staged(tensor)
     data = work.reshape(-1).view(torch.uint8)
     base, nbytes = data.data_ptr(), data.numel()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from shmcoll.placement.across import pipeline, stages
+from shmcoll.placement.across.barrier import barrier
 from shmcoll.staging import staged_empty, unstage
 
 
@@ -25,8 +26,8 @@ def gather(shape, outputs: list[torch.Tensor] | None, input: torch.Tensor, root:
     """Nodes of equal size; on the root, ``outputs[r]`` receives rank r's ``input``."""
     source = _bytes(input.contiguous())
     nbytes = source.numel()
-    if nbytes == 0:
-        return
+    if nbytes == 0:  # still a collective, as on one node: the ranks meet
+        return barrier(shape, desc)
     N, L = len(shape.nodes), shape.local_size
     root_node, entry = shape.node_of(root)
     link = shape.rail if shape.local_rank == entry else None  # the entries' rail: the root's
@@ -75,8 +76,8 @@ def gather(shape, outputs: list[torch.Tensor] | None, input: torch.Tensor, root:
 def scatter(shape, output: torch.Tensor, inputs: list[torch.Tensor] | None, root: int, desc: int) -> None:
     """Nodes of equal size; from the root's ``inputs[r]``, rank r's ``output``."""
     nbytes = output.nbytes
-    if nbytes == 0:
-        return
+    if nbytes == 0:  # still a collective, as on one node: the ranks meet
+        return barrier(shape, desc)
     N, L = len(shape.nodes), shape.local_size
     root_node, entry = shape.node_of(root)
     link = shape.rail if shape.local_rank == entry else None

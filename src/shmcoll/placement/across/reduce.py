@@ -16,14 +16,15 @@ import torch
 
 from shmcoll import ops
 from shmcoll.placement.across import partials, pipeline, stages
+from shmcoll.placement.across.barrier import barrier
 from shmcoll.placement.across.network import EXCHANGE_NODES
 from shmcoll.staging import staged, unstage
 
 
 def reduce(shape, tensor: torch.Tensor, root: int, red: ops.Reduction, desc: int) -> None:
     values = red.view(tensor)
-    if values.numel() == 0:
-        return
+    if values.numel() == 0:  # still a collective, as on one node: the ranks meet
+        return barrier(shape, desc)
     root_node, root_local = shape.node_of(root)
     # Only the root's tensor receives the result; the others' must stay as they were.
     work = staged(values) if shape.rank == root else values.clone(memory_format=torch.contiguous_format)

@@ -19,6 +19,7 @@ import torch
 
 from shmcoll import ops
 from shmcoll.placement.across import partials, pipeline, stages
+from shmcoll.placement.across.barrier import barrier
 from shmcoll.placement.across.network import EXCHANGE_NODES
 
 
@@ -26,8 +27,8 @@ def reduce_scatter(shape, output: torch.Tensor, input: torch.Tensor, red: ops.Re
     """Nodes of equal size; ``input``: contiguous, every rank's block for ``output`` in rank order."""
     out, source = red.view(output), red.view(input).reshape(-1)
     M = out.numel()
-    if M == 0:
-        return
+    if M == 0:  # still a collective, as on one node: the ranks meet
+        return barrier(shape, desc)
     N, itemsize, link = len(shape.nodes), source.element_size(), shape.rail
     if source.numel() * itemsize <= shape.small_bytes:
         return _by_leaders(shape, out, source, red, desc)
