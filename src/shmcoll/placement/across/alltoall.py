@@ -34,6 +34,8 @@ BENCHMARKS.md).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import os
 
 import numpy as np
@@ -156,13 +158,13 @@ def _through_leaders(shape, sends, recvs, desc: int) -> bool:
     reply = np.empty(_VERDICT * _INT64 + cap, dtype=np.uint8)
     stages.scatter(shape, [r.ctypes.data for r in replies] if me == 0 else [], reply.size, 0, reply.ctypes.data,
                    desc)
-    wrong, b, sent_ab, expected_ab, longest, done, repeat = reply[:_VERDICT * _INT64].view(np.int64).tolist()
-    shape.alltoall_row = None if wrong else sizes
-    shape.alltoall_repeat = bool(repeat)
-    if wrong:
-        raise SizesDisagreeError(wrong - 1, b, sent_ab, expected_ab)
-    if not done:
-        return longest > 0
+    verdict = _Verdict(*reply[:_VERDICT * _INT64].view(np.int64).tolist())
+    shape.alltoall_row = None if verdict.wrong else sizes
+    shape.alltoall_repeat = bool(verdict.repeat)
+    if verdict.wrong:
+        raise SizesDisagreeError(verdict.wrong - 1, verdict.receiver, verdict.sent, verdict.expected)
+    if not verdict.done:
+        return verdict.longest > 0
     offset = _VERDICT * _INT64
     for target in recvs:
         target.numpy()[:] = reply[offset:offset + target.numel()]
@@ -170,9 +172,19 @@ def _through_leaders(shape, sends, recvs, desc: int) -> bool:
     return False
 
 
-# int64s: bad sender + 1, its receiver, bytes sent, bytes expected, longest block, done (small), repeat (large,
-# with the last agreed sizes on every rank: the next all_to_all takes them to hold, ``_as_before``)
-_VERDICT = 7
+class _Verdict(NamedTuple):
+    """What the leaders conclude of an all_to_all's sizes; every rank gets it as int64s."""
+
+    wrong: int = 0  # 1 + the first sender whose sizes disagree with its receiver's; 0: none do
+    receiver: int = 0  # that sender's receiver, and the bytes one sends and the other expects
+    sent: int = 0
+    expected: int = 0
+    longest: int = 0  # the longest block
+    done: int = 0  # a small all_to_all whose blocks came with the verdict
+    repeat: int = 0  # a large one with the last agreed sizes on every rank: the next takes them to hold (_as_before)
+
+
+_VERDICT = len(_Verdict._fields)
 # What a leader's header says of its node's blocks for the receiving node.
 _NO_DATA, _DATA_FOLLOWS, _DATA_INLINE = 0, 1, 2
 # Blocks of a node whose ranks each send at most ``Shape.alltoall_room`` bytes ride inside the header,
@@ -239,19 +251,19 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
     pending = link.swap({m: torch.from_numpy(outbound[m]) for m in others} if flag == _DATA_FOLLOWS else {},
                         follows)
     link.wait(pending)
-    verdict = [0] * _VERDICT
+    verdict = _Verdict(longest=int(sends.max()))
     bad = np.argwhere(sends != expects.T)
     if len(bad):
         a, b = (int(x) for x in bad[0])
-        verdict[:4] = [a + 1, b, int(sends[a, b]), int(expects[b, a])]
-    verdict[4] = int(sends.max())
+        verdict = verdict._replace(wrong=a + 1, receiver=b, sent=int(sends[a, b]), expected=int(expects[b, a]))
     small = all(f != _NO_DATA for f in flags.values()) and (expects.sum(axis=1) <= cap).all()
     previous, shape.alltoall_table = shape.alltoall_table, None if len(bad) else sends
-    verdict[6] = int(not len(bad) and not small and previous is not None and np.array_equal(previous, sends))
+    verdict = verdict._replace(repeat=int(not len(bad) and not small and previous is not None
+                                          and np.array_equal(previous, sends)))
     # A large one's header carries no blocks, and the next all_to_all is likely as large: its room back to
     # the first size, or every header would carry up to SHMCOLL_SMALL_BYTES of nothing per local rank.
     shape.alltoall_room = max(_FIRST_ROOM, min(cap, _widest(sends, range(size), shape))) if small else _FIRST_ROOM
-    if not len(bad) and verdict[4] and small:
+    if not len(bad) and verdict.longest and small:
         pieces = {}  # (source, local destination) -> bytes
         for l, source in enumerate(local):
             for k, d in enumerate(local):
@@ -265,7 +277,7 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
         for k in range(len(local)):
             received = np.concatenate([pieces[s, k] for s in range(size)])
             replies[k, _VERDICT * _INT64:_VERDICT * _INT64 + received.size] = received
-        verdict[5] = 1
+        verdict = verdict._replace(done=1)
     replies[:, :_VERDICT * _INT64].view(np.int64)[:] = verdict
 
 
