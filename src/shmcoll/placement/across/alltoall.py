@@ -34,9 +34,8 @@ BENCHMARKS.md).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import os
+from typing import NamedTuple
 
 import numpy as np
 import torch
