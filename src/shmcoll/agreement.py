@@ -1,9 +1,9 @@
 """The settings every rank of a group must share, agreed once when the group is made.
 
-``SHMCOLL_CHUNK_BYTES``, ``SHMCOLL_P2P_BYTES``, ``SHMCOLL_SMALL_BYTES`` and
-``SHMCOLL_THREAD_BYTES`` shape the node arena's layout or decide a collective's
-plan (one-shot or chunked, how many lanes), and each rank derives them from its
-own environment. Two ranks that read different values would lay out the same
+The settings ``_env`` marks group-wide (``_env.group_wide``: the chunk, p2p, small, thread and
+segment bytes and single copy) shape the node arena's layout or decide a collective's plan
+(one-shot or chunked, how many lanes, which path), and each rank derives them from its own
+environment. Two ranks that read different values would lay out the same
 segment differently or run different schedules over it: a wrong result or a hang,
 never an error. So the group uses its rank 0's values on every rank, and says so
 (a WARNING on rank 0 naming every rank that differs, and on each such rank).
