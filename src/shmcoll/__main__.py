@@ -58,10 +58,15 @@ def _info(_args) -> int:
     except OSError as error:
         rows.append((settings.shm_dir, f"unusable: {error}"))
     from shmcoll.arena import layout
+    from shmcoll.lanes import capped
+    from shmcoll.placement import lanes_wanted
 
+    cpus = len(os.sched_getaffinity(0))
     for ranks in (2, 8, 16):
-        rows.append((f"arena for {ranks} local ranks",
-                     f"{layout(ranks, settings.chunk_bytes, settings.p2p_bytes).total / 2**20:.1f} MiB"))
+        # lanes as a node of that many unpinned ranks here would agree on them (lanes.agree)
+        lanes = capped(lanes_wanted(settings), settings.threads is not None, cpus, ranks)
+        size = layout(ranks, settings.chunk_bytes, settings.p2p_bytes, lanes).total
+        rows.append((f"arena for {ranks} local ranks", f"{size / 2**20:.1f} MiB ({lanes} lane(s) each)"))
     library = kernel_library.library_path()
     failed = kernel_library.earlier_failure(library)
     if os.path.exists(library):

@@ -50,18 +50,20 @@ def agree(store, keys: str, rank: int, local_ranks: list[int], wanted: int, expl
     is ``explicit`` (SHMCOLL_THREADS), it is capped by the CPUs this rank may use, shared with the local ranks
     whose CPU sets overlap its own (ranks of a node that share every CPU share them out)."""
     cpus = sorted(os.sched_getaffinity(0))
-    store.set(f"{keys}/threads/{rank}", f"{wanted} {int(explicit)} {','.join(map(str, cpus))}")
-    least = wanted
+    store.set(f"{keys}/threads/{rank}", f"{wanted} {','.join(map(str, cpus))}")
     mine = set(cpus)
     entries = [value.decode().split(" ") for value in store.multi_get([f"{keys}/threads/{r}" for r in local_ranks])]
-    for their_wanted, their_explicit, their_cpus in entries:
-        least = min(least, int(their_wanted))
-    if not explicit:
-        sharing = sum(1 for _, _, their_cpus in entries if mine & set(map(int, their_cpus.split(","))))
-        least = min(least, max(1, len(cpus) // max(1, sharing)))
-    # Every rank must use the same count: take the least of everyone's capped wish.
-    store.set(f"{keys}/lanes/{rank}", str(least))
+    least = min(int(their_wanted) for their_wanted, _ in entries)
+    sharing = sum(1 for _, their_cpus in entries if mine & set(map(int, their_cpus.split(","))))
+    # Every rank must use the same count: the least of everyone's capped wish.
+    store.set(f"{keys}/lanes/{rank}", str(capped(least, explicit, len(cpus), sharing)))
     return min(int(v) for v in store.multi_get([f"{keys}/lanes/{r}" for r in local_ranks]))
+
+
+def capped(wanted: int, explicit: bool, cpus: int, sharing: int) -> int:
+    """``wanted`` lanes within ``cpus`` CPUs shared by ``sharing`` local ranks, unless asked for ``explicit``ly
+    (SHMCOLL_THREADS): by default a node's lanes do not outnumber its cores."""
+    return wanted if explicit else min(wanted, max(1, cpus // max(1, sharing)))
 
 
 class Lanes:
