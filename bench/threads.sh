@@ -15,8 +15,9 @@
 #   peers    DeepSpeed's CPU shared-memory all-reduce beside shm and Gloo (bench/peer_deepspeed.py) at each layout
 #            of PEER_LAYOUTS (default: the first), 8 B-64 MiB; skipped with a note where DeepSpeed is not installed
 #   split    SHMCOLL_THREAD_BYTES 8K, 16K and 64K at the first layout, 64 KiB-1 MiB, shm only: where lanes pay
-#   oneshot  the all-reduce at 8x2 and 16x1 ranks (ONESHOT_LAYOUTS), 1-256 KiB: every size one-shot
-#            (SHMCOLL_SMALL_BYTES=256K) against every size in two steps (SHMCOLL_SMALL_BYTES=512), shm only
+#   oneshot  the all-reduce at 8x2 and 16x1 ranks (ONESHOT_LAYOUTS), 1-256 KiB: the default one-shot limit
+#            (allreduce.one_shot_limit, which falls with the ranks and caps SHMCOLL_SMALL_BYTES too) against
+#            two steps from 512 B on (SHMCOLL_SMALL_BYTES=512), shm only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -77,9 +78,9 @@ if wants split; then
 fi
 if wants oneshot; then
     for layout in $ONESHOT_LAYOUTS; do
-        for small in 256K 512; do
-            SHMCOLL_SMALL_BYTES=$small sweep "$layout" "oneshot-$layout-$small" --backends shm --ops all_reduce \
-                --dtypes float32 --min-bytes 1K --max-bytes 256K --step 2 --memcpy-time 0.1
+        for small in default 512; do
+            SHMCOLL_SMALL_BYTES=${small/default/} sweep "$layout" "oneshot-$layout-$small" --backends shm \
+                --ops all_reduce --dtypes float32 --min-bytes 1K --max-bytes 256K --step 2 --memcpy-time 0.1
         done
     done
 fi
