@@ -40,7 +40,7 @@ def one_rank_arena(chunk_bytes: int, p2p_bytes: int, lanes: int):
     segment = _segment.create_unnamed(read_settings().shm_dir, layout.total)
     segment.release_fd()
     arena_module._init_header(segment, 1, chunk_bytes, p2p_bytes, lanes)
-    # The inline waits of a rank alone on its cores: a short spin (placement.wait_policy).
+    # The inline waits of a rank alone on its cores: a short spin (waits.policy).
     arena = arena_module.Arena(segment, 0, 1, chunk_bytes, p2p_bytes, timedelta(seconds=60),
                                Budgets(20_000, 500_000), [0], lanes)
     arena._record_pid()

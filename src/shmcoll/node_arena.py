@@ -38,7 +38,7 @@ def open_node_arena(store, rank: int, size: int, topo: topology.Topology, settin
                     wait_policy, keys: str, agree_lanes=lambda local_ranks, key: 1):
     """(the Topology every rank agreed on, this rank's node arena or None when its node is itself alone).
 
-    ``wait_policy(local_size)`` gives the wait budgets (``waits.Budgets``) of a node of that many ranks;
+    ``wait_policy(topology)`` gives the wait policy (``waits.Policy``) of a rank placed so;
     ``agree_lanes(local_ranks, key)`` the lane count those ranks agree on (every one of them calls it), which
     shapes their arena.
     """
@@ -51,7 +51,7 @@ def open_node_arena(store, rank: int, size: int, topo: topology.Topology, settin
             try:
                 key = f"{keys}/arena/{round_}/{local[0]}"
                 arena = open_arena(store, local.index(rank), len(local), local, settings, timeout,
-                                   wait_policy(len(local)), key=key, lanes=agree_lanes(local, key))
+                                   wait_policy(current).inline, key=key, lanes=agree_lanes(local, key))
             except AttachError as error:
                 outcome = _CANNOT_MAP + str(error)
             except PeerAttachError as error:

@@ -98,7 +98,7 @@ class OneNode(OnArena):
     def __init__(self, arena, rank: int, settings, waits, lanes, single_copy):
         self.arena = arena
         self.rank = rank
-        self.waits = waits  # placement.WaitBudgets
+        self.waits = waits  # waits.Policy
         self.lanes = lanes  # large collectives over several threads (shmcoll.lanes)
         # All-reduces up to this size exchange everything in one step (one slot per rank).
         self.one_shot_bytes = allreduce.one_shot_limit(settings.small_bytes, arena.chunk_bytes, arena.local_size)

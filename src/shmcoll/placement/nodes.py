@@ -74,15 +74,11 @@ class Nodes(OnArena):
     inline_async_bytes = 0  # every collective waits for the network: an asynchronous one always overlaps
     failure = None  # what made a point-to-point message fail, once one has
 
-    def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str, waits, settings):
-        """``arena``: this rank's node arena (open_node_arena), None when its node is itself alone."""
+    def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str, settings):
+        """``arena``: this rank's node arena (open_node_arena, with the waits of ``waits.policy`` across
+        nodes), None when its node is itself alone."""
         self.rank, self.size = rank, size
         self.arena = arena
-        self.waits = waits  # placement.WaitBudgets
-        # A collective across nodes costs at least one network round (tens of microseconds or more), so
-        # its node stages wait by sleeping at once (a futex wake-up is noise there): a rank that spins or
-        # yields takes the core from the peer, or the Gloo thread, it waits for.
-        waits.apply(arena, background=True)
         self.shape = Shape(store, rank, size, timeout, topo, arena, keys, settings)
         self.nodes = self.shape.nodes
         self.flat = Flat(self.shape.pairs.group, rank, size)
@@ -167,8 +163,7 @@ class Nodes(OnArena):
     # -- lifecycle -------------------------------------------------------------------
 
     def set_background(self, on: bool) -> None:
-        """Waits across nodes always sleep at once (``__init__`` applies the background budgets for good):
-        nothing to change."""
+        """Waits across nodes are the same on the progress thread (``waits.policy``): nothing to change."""
 
     def summary(self) -> list[str]:
         shape = self.shape
