@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _sent(placement) -> int:
     """Bytes the rank's plans handed to its rail and the leaders' link for other nodes (network.Link.sent)."""
-    return sum(link.sent for link in placement.shape.links)
+    links = placement.links
+    return sum(link.sent for link in (links.rail, links.leaders) if link is not None)
 
 
 def rank_main(args) -> None:

@@ -31,7 +31,8 @@ def _layout(pg) -> dict:
     across = type(where).__name__ == "Nodes"  # several nodes: arenas inside, Gloo rails and a flat group
     return {"hierarchical": across, "flat_gloo": across,
             "nodes": where.nodes if across else None,
-            "tcp_bytes": sum(link.sent for link in where.shape.links) if across else 0}
+            "tcp_bytes": sum(link.sent for link in (where.links.rail, where.links.leaders) if link is not None)
+            if across else 0}
 
 
 def matrix(cases, big: str = "5003"):

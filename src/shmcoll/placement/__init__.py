@@ -31,7 +31,6 @@ Results are in place; a reduction's ``finish`` is the surface's.
 """
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 from shmcoll import lanes, single_copy, topology, waits

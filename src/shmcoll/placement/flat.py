@@ -20,7 +20,7 @@ from shmcoll.staging import staged, staged_empty, unstage
 
 
 # Tags on the group: a user's point-to-point message with tag t travels with tag 2t, the plans' own
-# messages (``placement.across``, ``Shape.pairs``) with PLAN_TAG, odd, so that neither can match the other.
+# messages (``placement.across``, ``Links.pairs``) with PLAN_TAG, odd, so that neither can match the other.
 PLAN_TAG = 1
 _USER_TAGS = 1 << 30
 

@@ -1,7 +1,8 @@
 """Collectives across nodes: a shm arena inside each node, Gloo between nodes (``placement.across``).
 
-``Nodes`` is the placement: it builds the group's ``Shape`` once (nodes, rails,
-index tables) and hands each collective to its plan in ``placement.across``.
+``Nodes`` is the placement: it builds the group's ``Shape`` (nodes, rails, index
+tables) and ``Links`` (its Gloo groups) once and hands each collective to its
+plan in ``placement.across``.
 Nodes of unequal size take the plans that cross between the nodes' leaders where
 those exist (all_reduce, reduce, broadcast, barrier), else one Gloo group over
 all ranks (``placement.flat``), as do point-to-point messages.
@@ -27,6 +28,7 @@ from shmcoll.placement.across import broadcast as _broadcast
 from shmcoll.placement.across import gather as _gather
 from shmcoll.placement.across import reduce as _reduce
 from shmcoll.placement.across import reduce_scatter as _reduce_scatter
+from shmcoll.placement.across.links import Links
 from shmcoll.placement.across.shape import Shape
 from shmcoll.placement.flat import Flat
 from shmcoll.placement.node import OnArena
@@ -79,64 +81,57 @@ class Nodes(OnArena):
         nodes), None when its node is itself alone."""
         self.rank, self.size = rank, size
         self.arena = arena
-        self.shape = Shape(store, rank, size, timeout, topo, arena, keys, settings)
+        self.shape = Shape(rank, size, topo, arena, settings)
+        self.links = Links(store, keys, self.shape, timeout)
+        self.alltoall_agreed = _alltoall.Agreed()
         self.nodes = self.shape.nodes
-        self.flat = Flat(self.shape.pairs.group, rank, size)
+        self.flat = Flat(self.links.pairs.group, rank, size)
+        # Nodes of unequal size have no rails that carry equal shares: their all_gather, reduce_scatter,
+        # gather and scatter run on the group of all ranks.
+        self.moves = _OnRails(self.shape, self.links) if self.shape.uniform else self.flat
 
     # -- plans -----------------------------------------------------------------------
 
     @_gives_up_on_failure
     def allreduce(self, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
-        _allreduce.allreduce(self.shape, tensor, red, desc)
+        _allreduce.allreduce(self.shape, self.links, tensor, red, desc)
 
     @_gives_up_on_failure
     def reduce(self, tensor: torch.Tensor, root: int, red: ops.Reduction, desc: int) -> None:
-        _reduce.reduce(self.shape, tensor, root, red, desc)
+        _reduce.reduce(self.shape, self.links, tensor, root, red, desc)
 
     @_gives_up_on_failure
     def broadcast(self, tensor: torch.Tensor, root: int, desc: int) -> None:
-        _broadcast.broadcast(self.shape, tensor, root, desc)
+        _broadcast.broadcast(self.shape, self.links, tensor, root, desc)
 
     @_gives_up_on_failure
     def allgather_into(self, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
-        if not self.shape.uniform:
-            return self.flat.allgather_into(output, input, desc)
-        _allgather.allgather_into(self.shape, output, input, desc)
+        self.moves.allgather_into(output, input, desc)
 
     @_gives_up_on_failure
     def allgather(self, outputs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
-        if not self.shape.uniform:
-            return self.flat.allgather(outputs, input, desc)
-        targets = [staged_empty(out) for out in outputs]
-        _allgather.allgather(self.shape, [_bytes(t) for t in targets], input, desc)
-        for out, target in zip(outputs, targets):
-            unstage(out, target)
+        self.moves.allgather(outputs, input, desc)
 
     def allgather_windows(self, input: torch.Tensor, unit: int, consume, desc: int) -> None:
         allgather_whole(self, self.size, input, consume, desc)
 
     @_gives_up_on_failure
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
-        if not self.shape.uniform:
-            return self.flat.reduce_scatter(output, input, red, desc)
-        _reduce_scatter.reduce_scatter(self.shape, output, input, red, desc)
+        self.moves.reduce_scatter(output, input, red, desc)
 
     @_gives_up_on_failure
     def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int, desc: int) -> None:
-        if not self.shape.uniform:
-            return self.flat.gather(outputs, input, root, desc)
-        _gather.gather(self.shape, outputs, input, root, desc)
+        self.moves.gather(outputs, input, root, desc)
 
     @_gives_up_on_failure
     def scatter(self, output: torch.Tensor, inputs: list[torch.Tensor] | None, root: int, desc: int) -> None:
-        if not self.shape.uniform:
-            return self.flat.scatter(output, inputs, root, desc)
-        _gather.scatter(self.shape, output, inputs, root, desc)
+        self.moves.scatter(output, inputs, root, desc)
 
     @_gives_up_on_failure
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], desc: int) -> None:
         targets = [staged_empty(t) for t in outputs]
-        _alltoall.alltoall(self.shape, [_bytes(t.contiguous()) for t in inputs], [_bytes(t) for t in targets], desc)
+        _alltoall.alltoall(self.shape, self.links, self.alltoall_agreed, [_bytes(t.contiguous()) for t in inputs],
+                           [_bytes(t) for t in targets], desc)
         for out, target in zip(outputs, targets):
             unstage(out, target)
 
@@ -145,13 +140,14 @@ class Nodes(OnArena):
         """``out_blocks``/``in_blocks``: (byte offset, byte count) of each rank's block."""
         target = staged_empty(output)
         source, received = _bytes(input.contiguous()), _bytes(target)
-        _alltoall.alltoall(self.shape, [source[off:off + n] for off, n in in_blocks],
+        sends = [source[off:off + n] for off, n in in_blocks]
+        _alltoall.alltoall(self.shape, self.links, self.alltoall_agreed, sends,
                            [received[off:off + n] for off, n in out_blocks], desc)
         unstage(output, target)
 
     @_gives_up_on_failure
     def barrier(self, desc: int) -> None:
-        _barrier.barrier(self.shape, desc)
+        _barrier.barrier(self.shape, self.links, desc)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int):
         return _Watched(self.flat.send(tensor, dst, tag), self, f"send to rank {dst}")
@@ -182,18 +178,39 @@ class Nodes(OnArena):
         # Stop the Gloo groups' worker threads now, while the interpreter is whole: left to be
         # destroyed at interpreter exit, a Gloo group can abort the process ("terminate called
         # without an active exception").
-        for link in self.shape.links:
-            link.close()
-        self.flat.close()
-        self.shape.pairs.drop()
+        self.links.close()
+        self.flat.drop()  # its group is the links' group of all ranks, closed with them
 
     def _give_up(self) -> None:
         if self.arena is not None:
             self.arena.abandon()
-        for link in self.shape.links:
-            link.drop()  # the last reference: Gloo closes its connections now
+        self.links.drop()
         self.flat.drop()
-        self.shape.pairs.drop()
+
+
+class _OnRails:
+    """The data-movement plans of nodes of equal size (``placement.across``), as ``Flat`` offers its own."""
+
+    def __init__(self, shape, links):
+        self.shape, self.links = shape, links
+
+    def allgather_into(self, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
+        _allgather.allgather_into(self.shape, self.links, output, input, desc)
+
+    def allgather(self, outputs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
+        targets = [staged_empty(out) for out in outputs]
+        _allgather.allgather(self.shape, self.links, [_bytes(t) for t in targets], input, desc)
+        for out, target in zip(outputs, targets):
+            unstage(out, target)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
+        _reduce_scatter.reduce_scatter(self.shape, self.links, output, input, red, desc)
+
+    def gather(self, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int, desc: int) -> None:
+        _gather.gather(self.shape, self.links, outputs, input, root, desc)
+
+    def scatter(self, output: torch.Tensor, inputs: list[torch.Tensor] | None, root: int, desc: int) -> None:
+        _gather.scatter(self.shape, self.links, output, inputs, root, desc)
 
 
 class _Watched(dist.Work):

@@ -14,6 +14,8 @@ the stages, so the node works on one segment while the network carries another; 
 takes the fewest network exchanges (its node's partial result, one exchange between the
 nodes' leaders, the node's copy back).
 
-``shape.Shape`` (built once per group) is what every plan reads: the nodes, this rank's
-place, its rail, the index tables.
+Every plan reads ``shape.Shape`` (where every rank is: the nodes, this rank's place, its
+rail, the index tables; ``Shape.small`` is the one meaning of SHMCOLL_SMALL_BYTES) and
+crosses on ``links.Links`` (its rail, the leaders' link, the group of all ranks); both are
+built once per group. all_to_all also keeps what it last agreed (``alltoall.Agreed``).
 """

@@ -23,24 +23,24 @@ from shmcoll.placement.across.network import EXCHANGE_NODES
 from shmcoll.staging import staged_empty, unstage
 
 
-def allgather_into(shape, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
+def allgather_into(shape, links, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
     """Nodes of equal size; ``output`` holds every rank's ``input`` in rank order."""
     target = staged_empty(output)
     out = target.reshape(-1).view(torch.uint8)
     nbytes = input.nbytes
-    allgather(shape, [out[r * nbytes:(r + 1) * nbytes] for r in range(shape.size)], input, desc)
+    allgather(shape, links, [out[r * nbytes:(r + 1) * nbytes] for r in range(shape.size)], input, desc)
     unstage(output, target)
 
 
-def allgather(shape, outs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
+def allgather(shape, links, outs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
     """Nodes of equal size; ``outs[r]``: a contiguous uint8 view that receives rank r's ``input``."""
     source = input.contiguous().reshape(-1).view(torch.uint8)
     nbytes = source.numel()
     if nbytes == 0:  # still a collective, as on one node: the ranks meet
-        return barrier(shape, desc)
-    if nbytes * shape.size <= shape.small_bytes:
-        return _by_leaders(shape, outs, source, desc)
-    link, me = shape.rail, shape.local_rank
+        return barrier(shape, links, desc)
+    if shape.small(nbytes * shape.size):
+        return _by_leaders(shape, links, outs, source, desc)
+    link, me = links.rail, shape.local_rank
     addresses = [t.data_ptr() for t in outs]
     nodes = range(len(shape.nodes))
     # Up to EXCHANGE_NODES nodes each member sends its segment to every other one (the bytes of Gloo's ring,
@@ -78,7 +78,7 @@ def allgather(shape, outs: list[torch.Tensor], input: torch.Tensor, desc: int) -
     pipeline.run(link, pipeline.segments(nbytes, per_segment), own_node, rail, other_nodes)
 
 
-def _by_leaders(shape, outs: list[torch.Tensor], source: torch.Tensor, desc: int) -> None:
+def _by_leaders(shape, links, outs: list[torch.Tensor], source: torch.Tensor, desc: int) -> None:
     """The node's blocks gathered on its leader, one exchange between the leaders, the node's broadcast."""
     nbytes = source.numel()
     whole = torch.empty((shape.size, nbytes), dtype=torch.uint8)  # small: one copy out at the end
@@ -86,7 +86,7 @@ def _by_leaders(shape, outs: list[torch.Tensor], source: torch.Tensor, desc: int
     stages.gather(shape, source.data_ptr(), nbytes, 0, [whole[r].data_ptr() for r in ours], desc)
     if shape.local_rank == 0:
         inbound = {m: torch.empty((len(shape.nodes[m]), nbytes), dtype=torch.uint8) for m in shape.other_nodes}
-        shape.leaders.exchange(whole[ours], inbound)
+        links.leaders.exchange(whole[ours], inbound)
         for m in shape.other_nodes:
             whole[shape.nodes[m]] = inbound[m]
     stages.broadcast(shape, whole.data_ptr(), whole.numel(), 0, desc)

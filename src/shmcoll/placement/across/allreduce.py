@@ -25,39 +25,39 @@ from shmcoll.placement.across.network import EXCHANGE_NODES
 from shmcoll.staging import staged, unstage
 
 
-def allreduce(shape, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
+def allreduce(shape, links, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
     values = red.view(tensor)
     if values.numel() == 0:  # still a collective, as on one node: the ranks meet
-        return barrier(shape, desc)
+        return barrier(shape, links, desc)
     work = staged(values)
     flat = work.view(-1)
-    if not shape.uniform or flat.nbytes <= shape.small_bytes:
-        by_leaders(shape, flat, red, desc)
+    if not shape.uniform or shape.small(flat.nbytes):
+        by_leaders(shape, links, flat, red, desc)
     else:
-        on_rails(shape, flat, red, desc)
+        on_rails(shape, links, flat, red, desc)
     unstage(values, work)
 
 
-def by_leaders(shape, flat: torch.Tensor, red: ops.Reduction, desc: int) -> None:
+def by_leaders(shape, links, flat: torch.Tensor, red: ops.Reduction, desc: int) -> None:
     """``flat``: contiguous, 1-D."""
     stages.reduce(shape, flat, red, 0, desc)
     if shape.local_rank == 0:
-        between_leaders(shape, flat, red)
+        between_leaders(shape, links, flat, red)
         red.average(flat)
     stages.broadcast(shape, flat.data_ptr(), flat.nbytes, 0, desc)
 
 
-def between_leaders(shape, work: torch.Tensor, red: ops.Reduction) -> None:
+def between_leaders(shape, links, work: torch.Tensor, red: ops.Reduction) -> None:
     """``work``: this node's partial on its leader -> the group's result (before AVG's division). A small
     message crosses in one round between up to EXCHANGE_NODES nodes, a large one in two
     (``partials``) on rail 0, which joins the same ranks."""
-    small = work.nbytes <= shape.small_bytes
-    link = shape.leaders if small else shape.rail
+    small = shape.small(work.nbytes)
+    link = links.leaders if small else links.rail
     nodes = len(link.ranks)
     link.wait(partials.allreduce(link, work, red, one_round=nodes == 2 or (small and nodes <= EXCHANGE_NODES)))
 
 
-def on_rails(shape, flat: torch.Tensor, red: ops.Reduction, desc: int) -> None:
+def on_rails(shape, links, flat: torch.Tensor, red: ops.Reduction, desc: int) -> None:
     """``flat``: contiguous, 1-D."""
     count, itemsize, L = flat.numel(), flat.element_size(), shape.local_size
     block = -(-count // L)  # elements of each local rank's shard
@@ -66,7 +66,7 @@ def on_rails(shape, flat: torch.Tensor, red: ops.Reduction, desc: int) -> None:
     else:
         work = torch.zeros(block * L, dtype=flat.dtype)
         work[:count].copy_(flat)
-    base, link = work.data_ptr(), shape.rail
+    base, link = work.data_ptr(), links.rail
     # Between two nodes the rail's all-reduce is one exchange of the shards, combined here in node order
     # (so both ranks get the same bits): one network round, where Gloo's ring takes two for the same
     # bytes (1 MiB: 8.9 against 9.4 ms on the shaped link, 2.4 against 2.9 ms unshaped; BENCHMARKS.md).

@@ -16,7 +16,7 @@ Blocks of at most 1 KiB per rank ride inside the size header itself (one network
 round); larger small ones follow it (another round: Gloo receives by rendezvous).
 
 Large ones go straight from rank to rank between nodes, every message posted at
-once on the pair's own connection (the group of all ranks, ``Shape.pairs``),
+once on the pair's own connection (the group of all ranks, ``Links.pairs``),
 while the node's own blocks go through the arena. Relaying them through one
 rank per node and rail (one message per pair of nodes) moves the same bytes with
 three more copies of each: on the shaped link it reached 94% of the bound, but
@@ -48,15 +48,27 @@ _INT64 = 8
 TAIL = 8  # bytes: what a rank whose sizes changed leaves out of each block it sends (``_as_before``)
 
 
-def alltoall(shape, sends: list[torch.Tensor], recvs: list[torch.Tensor], desc: int) -> None:
+class Agreed:
+    """What a group's all_to_alls remember of the last one's agreement."""
+
+    def __init__(self):
+        self.row = None  # this rank's sizes as last agreed: what it sends to each rank, then what it expects
+        self.table = None  # on a leader: the group's send sizes as last agreed
+        # The last one was large with its predecessor's sizes on every rank: the next moves its blocks at
+        # once, taking the sizes to be the same again (``_as_before``).
+        self.repeat = False
+        self.room = None  # on a leader: bytes per rank its headers carry (``_FIRST_ROOM``)
+
+
+def alltoall(shape, links, agreed, sends: list[torch.Tensor], recvs: list[torch.Tensor], desc: int) -> None:
     """``sends[r]``/``recvs[r]``: contiguous uint8 views of the block for/from group rank r."""
-    if shape.alltoall_repeat and _as_before(shape, sends, recvs, desc):
+    if agreed.repeat and _as_before(shape, links, agreed, sends, recvs, desc):
         return
-    if _through_leaders(shape, sends, recvs, desc):
-        _direct(shape, sends, recvs, desc)
+    if _through_leaders(shape, links, agreed, sends, recvs, desc):
+        _direct(shape, links, sends, recvs, desc)
 
 
-def _as_before(shape, sends, recvs, desc: int) -> bool:
+def _as_before(shape, links, agreed, sends, recvs, desc: int) -> bool:
     """The last all_to_all was large and had its predecessor's sizes on every rank (a model's layer, called
     again): move the blocks between nodes at once, at the sizes agreed before. Returns whether every rank
     still has those sizes (the same answer on every rank).
@@ -73,7 +85,7 @@ def _as_before(shape, sends, recvs, desc: int) -> bool:
     one chance in 2**64, would start its receiver alone again: a mismatch error, not a wrong result.)
     """
     size = shape.size
-    before = shape.alltoall_row
+    before = agreed.row
     changed = _sizes(sends, recvs) != before
     remote = shape.remote
     tail = torch.frombuffer(bytearray(os.urandom(TAIL)), dtype=torch.uint8)
@@ -90,12 +102,12 @@ def _as_before(shape, sends, recvs, desc: int) -> bool:
         into[r] = recvs[r] if expected == before[size + r] and not changed else torch.empty(expected,
                                                                                            dtype=torch.uint8)
         into[r][-TAIL:] = tail
-    blocks = shape.pairs.swap(out, into)
+    blocks = links.pairs.swap(out, into)
     try:
         node_changed = _node_blocks(shape, sends, recvs, desc, changed=int(changed))
     except SizesDisagreeError:  # a local rank's sizes changed, and disagree: the leaders will name them
         node_changed = True
-    shape.pairs.wait(blocks)
+    links.pairs.wait(blocks)
     if changed or node_changed or any(torch.equal(into[r][-TAIL:], tail) for r in remote):
         return False
     for r in remote:
@@ -104,11 +116,11 @@ def _as_before(shape, sends, recvs, desc: int) -> bool:
     return True
 
 
-def _direct(shape, sends, recvs, desc: int) -> None:
+def _direct(shape, links, sends, recvs, desc: int) -> None:
     """A large one, its sizes agreed: every block between nodes on its pair's own connection, all posted at
     once, while the node's own blocks go through the arena."""
     remote = shape.remote
-    pairs = shape.pairs
+    pairs = links.pairs
     pending = pairs.swap({r: sends[r] for r in remote}, {r: recvs[r] for r in remote})
     _node_blocks(shape, sends, recvs, desc)
     pairs.wait(pending)
@@ -132,7 +144,7 @@ def _sizes(sends, recvs) -> tuple[int, ...]:
     return tuple(t.numel() for t in sends) + tuple(t.numel() for t in recvs)
 
 
-def _through_leaders(shape, sends, recvs, desc: int) -> bool:
+def _through_leaders(shape, links, agreed, sends, recvs, desc: int) -> bool:
     """Agree on the sizes and, where every rank sends and receives at most SHMCOLL_SMALL_BYTES, move the data
     too. Returns whether blocks are left to move.
 
@@ -153,13 +165,13 @@ def _through_leaders(shape, sends, recvs, desc: int) -> bool:
     stages.gather(shape, row.ctypes.data, row.size, 0, [r.ctypes.data for r in rows] if me == 0 else [], desc)
     replies = np.zeros((L, _VERDICT * _INT64 + cap), dtype=np.uint8) if me == 0 else None
     if me == 0:
-        _as_leader(shape, rows, replies, cap)
+        _as_leader(shape, links, agreed, rows, replies, cap)
     reply = np.empty(_VERDICT * _INT64 + cap, dtype=np.uint8)
     stages.scatter(shape, [r.ctypes.data for r in replies] if me == 0 else [], reply.size, 0, reply.ctypes.data,
                    desc)
     verdict = _Verdict(*reply[:_VERDICT * _INT64].view(np.int64).tolist())
-    shape.alltoall_row = None if verdict.wrong else sizes
-    shape.alltoall_repeat = bool(verdict.repeat)
+    agreed.row = None if verdict.wrong else sizes
+    agreed.repeat = bool(verdict.repeat)
     if verdict.wrong:
         raise SizesDisagreeError(verdict.wrong - 1, verdict.receiver, verdict.sent, verdict.expected)
     if not verdict.done:
@@ -186,7 +198,7 @@ class _Verdict(NamedTuple):
 _VERDICT = len(_Verdict._fields)
 # What a leader's header says of its node's blocks for the receiving node.
 _NO_DATA, _DATA_FOLLOWS, _DATA_INLINE = 0, 1, 2
-# Blocks of a node whose ranks each send at most ``Shape.alltoall_room`` bytes ride inside the header,
+# Blocks of a node whose ranks each send at most ``Agreed.room`` bytes ride inside the header,
 # which is then one message each way between two leaders (a message after it costs another round: Gloo
 # receives by rendezvous). Every header has that room, so that its length is known to both sides: at
 # first this much, then what the last all_to_all's busiest rank sent if that one was small, else this
@@ -195,7 +207,7 @@ _NO_DATA, _DATA_FOLLOWS, _DATA_INLINE = 0, 1, 2
 _FIRST_ROOM = 1024
 
 
-def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
+def _as_leader(shape, links, agreed, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
     """On a leader: every node's sizes, the data of a small one, the verdict and each local rank's reply.
 
     Each leader sends every other one a header of a length both sides know: its node's size table, and
@@ -208,7 +220,7 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
     head = 2 * size * _INT64
     table = rows[:, :head].view(np.int64)  # row l: what local rank l sends to each rank, then expects
     totals = table[:, :size].sum(axis=1)
-    room = shape.alltoall_room or _FIRST_ROOM
+    room = agreed.room or _FIRST_ROOM
     others = [m for m in range(N) if m != node]
     flag = (_NO_DATA if (totals > cap).any() else
             _DATA_INLINE if _widest(table[:, :size], local, shape) <= room else _DATA_FOLLOWS)
@@ -219,7 +231,7 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
                                for l in range(len(local)) for d in shape.nodes[m]])
 
     outbound = {m: ours_for(m) for m in others} if flag != _NO_DATA else {}
-    link = shape.leaders
+    link = links.leaders
     headers = {m: np.zeros(_header_bytes(len(shape.nodes[m]), size, room), dtype=np.uint8) for m in others}
     mine = {}
     for m in others:
@@ -256,12 +268,12 @@ def _as_leader(shape, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
         a, b = (int(x) for x in bad[0])
         verdict = verdict._replace(wrong=a + 1, receiver=b, sent=int(sends[a, b]), expected=int(expects[b, a]))
     small = all(f != _NO_DATA for f in flags.values()) and (expects.sum(axis=1) <= cap).all()
-    previous, shape.alltoall_table = shape.alltoall_table, None if len(bad) else sends
+    previous, agreed.table = agreed.table, None if len(bad) else sends
     verdict = verdict._replace(repeat=int(not len(bad) and not small and previous is not None
                                           and np.array_equal(previous, sends)))
     # A large one's header carries no blocks, and the next all_to_all is likely as large: its room back to
     # the first size, or every header would carry up to SHMCOLL_SMALL_BYTES of nothing per local rank.
-    shape.alltoall_room = max(_FIRST_ROOM, min(cap, _widest(sends, range(size), shape))) if small else _FIRST_ROOM
+    agreed.room = max(_FIRST_ROOM, min(cap, _widest(sends, range(size), shape))) if small else _FIRST_ROOM
     if not len(bad) and verdict.longest and small:
         pieces = {}  # (source, local destination) -> bytes
         for l, source in enumerate(local):

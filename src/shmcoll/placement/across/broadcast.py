@@ -18,20 +18,20 @@ from shmcoll.placement.across.barrier import barrier
 from shmcoll.staging import staged, unstage
 
 
-def broadcast(shape, tensor: torch.Tensor, root: int, desc: int) -> None:
+def broadcast(shape, links, tensor: torch.Tensor, root: int, desc: int) -> None:
     if tensor.numel() == 0:  # still a collective, as on one node: the ranks meet
-        return barrier(shape, desc)
+        return barrier(shape, links, desc)
     work = staged(tensor)
     data = work.reshape(-1).view(torch.uint8)
     base, nbytes = data.data_ptr(), data.numel()
     root_node, root_local = shape.node_of(root)
-    small = nbytes <= shape.small_bytes
+    small = shape.small(nbytes)
     # The local rank whose link carries it: the root's, if every node has one; else (and when small) the leader.
     entry = root_local if len(shape.rail_nodes[root_local]) == len(shape.nodes) and not small else 0
     on_root_node = shape.node == root_node
     if on_root_node and entry != root_local:
         stages.broadcast(shape, base, nbytes, root_local, desc)
-    link = (shape.leaders if small else shape.rail) if shape.local_rank == entry else None
+    link = (links.leaders if small else links.rail) if shape.local_rank == entry else None
 
     def root_node_stage(cut):
         if on_root_node and entry == root_local:

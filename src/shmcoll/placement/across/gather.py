@@ -22,20 +22,20 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
-def gather(shape, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int, desc: int) -> None:
+def gather(shape, links, outputs: list[torch.Tensor] | None, input: torch.Tensor, root: int, desc: int) -> None:
     """Nodes of equal size; on the root, ``outputs[r]`` receives rank r's ``input``."""
     source = _bytes(input.contiguous())
     nbytes = source.numel()
     if nbytes == 0:  # still a collective, as on one node: the ranks meet
-        return barrier(shape, desc)
+        return barrier(shape, links, desc)
     N, L = len(shape.nodes), shape.local_size
     root_node, entry = shape.node_of(root)
-    link = shape.rail if shape.local_rank == entry else None  # the entries' rail: the root's
+    link = links.rail if shape.local_rank == entry else None  # the entries' rail: the root's
     is_root = shape.rank == root
     staged = [staged_empty(out) for out in outputs] if is_root else []
     targets = [_bytes(t) for t in staged]
-    if nbytes * shape.size > shape.small_bytes:
-        _direct_gather(shape, source, targets, root, root_node, entry, desc)
+    if not shape.small(nbytes * shape.size):
+        _direct_gather(shape, links, source, targets, root, root_node, entry, desc)
         for out, target in zip(outputs if is_root else (), staged):
             unstage(out, target)
         return
@@ -73,20 +73,20 @@ def gather(shape, outputs: list[torch.Tensor] | None, input: torch.Tensor, root:
         unstage(out, target)
 
 
-def scatter(shape, output: torch.Tensor, inputs: list[torch.Tensor] | None, root: int, desc: int) -> None:
+def scatter(shape, links, output: torch.Tensor, inputs: list[torch.Tensor] | None, root: int, desc: int) -> None:
     """Nodes of equal size; from the root's ``inputs[r]``, rank r's ``output``."""
     nbytes = output.nbytes
     if nbytes == 0:  # still a collective, as on one node: the ranks meet
-        return barrier(shape, desc)
+        return barrier(shape, links, desc)
     N, L = len(shape.nodes), shape.local_size
     root_node, entry = shape.node_of(root)
-    link = shape.rail if shape.local_rank == entry else None
+    link = links.rail if shape.local_rank == entry else None
     is_root = shape.rank == root
     target = staged_empty(output)
     received = _bytes(target)
     sources = [_bytes(t.contiguous()) for t in inputs] if is_root else None
-    if nbytes * shape.size > shape.small_bytes:
-        _direct_scatter(shape, received, sources, root, root_node, entry, desc)
+    if not shape.small(nbytes * shape.size):
+        _direct_scatter(shape, links, received, sources, root, root_node, entry, desc)
         return unstage(output, target)
     rows = {}
 
@@ -113,8 +113,8 @@ def scatter(shape, output: torch.Tensor, inputs: list[torch.Tensor] | None, root
     unstage(output, target)
 
 
-def _direct_gather(shape, source, targets, root: int, root_node: int, entry: int, desc: int) -> None:
-    pairs, on_root_node = shape.pairs, shape.node == root_node
+def _direct_gather(shape, links, source, targets, root: int, root_node: int, entry: int, desc: int) -> None:
+    pairs, on_root_node = links.pairs, shape.node == root_node
     remote = [r for r in range(shape.size) if shape.where[r][0] != root_node]
     if shape.rank == root:
         pending = pairs.swap({}, {r: targets[r] for r in remote})
@@ -127,8 +127,8 @@ def _direct_gather(shape, source, targets, root: int, root_node: int, entry: int
         pairs.wait(pending)
 
 
-def _direct_scatter(shape, received, sources, root: int, root_node: int, entry: int, desc: int) -> None:
-    pairs, on_root_node = shape.pairs, shape.node == root_node
+def _direct_scatter(shape, links, received, sources, root: int, root_node: int, entry: int, desc: int) -> None:
+    pairs, on_root_node = links.pairs, shape.node == root_node
     remote = [r for r in range(shape.size) if shape.where[r][0] != root_node]
     if shape.rank == root:
         pending = pairs.swap({r: sources[r] for r in remote}, {})

@@ -21,44 +21,44 @@ from shmcoll.placement.across.network import EXCHANGE_NODES
 from shmcoll.staging import staged, unstage
 
 
-def reduce(shape, tensor: torch.Tensor, root: int, red: ops.Reduction, desc: int) -> None:
+def reduce(shape, links, tensor: torch.Tensor, root: int, red: ops.Reduction, desc: int) -> None:
     values = red.view(tensor)
     if values.numel() == 0:  # still a collective, as on one node: the ranks meet
-        return barrier(shape, desc)
+        return barrier(shape, links, desc)
     root_node, root_local = shape.node_of(root)
     # Only the root's tensor receives the result; the others' must stay as they were.
     work = staged(values) if shape.rank == root else values.clone(memory_format=torch.contiguous_format)
     flat = work.view(-1)
-    if not shape.uniform or flat.nbytes <= shape.small_bytes:
-        _by_entry(shape, flat, root_node, root_local, red, desc)
+    if not shape.uniform or shape.small(flat.nbytes):
+        _by_entry(shape, links, flat, root_node, root_local, red, desc)
     else:
-        _on_rails(shape, flat, root_node, root_local, red, desc)
+        _on_rails(shape, links, flat, root_node, root_local, red, desc)
     if shape.rank == root:
         red.average(flat)
         unstage(values, work)
 
 
-def _one_round(link, nbytes: int, small_bytes: int) -> bool:
+def _one_round(link, small: bool) -> bool:
     members = len(link.ranks)
-    return members == 2 or (nbytes <= small_bytes and members <= EXCHANGE_NODES)
+    return members == 2 or (small and members <= EXCHANGE_NODES)
 
 
-def _by_entry(shape, flat, root_node: int, root_local: int, red, desc: int) -> None:
+def _by_entry(shape, links, flat, root_node: int, root_local: int, red, desc: int) -> None:
     entry = root_local if len(shape.rail_nodes[root_local]) == len(shape.nodes) else 0
     stages.reduce(shape, flat, red, entry, desc)
     if shape.local_rank == entry:
-        link, to = shape.rail, shape.rail_nodes[entry].index(root_node)
-        link.wait(partials.toward(link, flat, to, red, _one_round(link, flat.nbytes, shape.small_bytes)))
+        link, to = links.rail, shape.rail_nodes[entry].index(root_node)
+        link.wait(partials.toward(link, flat, to, red, _one_round(link, shape.small(flat.nbytes))))
     if shape.node == root_node and entry != root_local:
         stages.broadcast(shape, flat.data_ptr(), flat.nbytes, entry, desc)
 
 
-def _on_rails(shape, flat, root_node: int, root_local: int, red, desc: int) -> None:
+def _on_rails(shape, links, flat, root_node: int, root_local: int, red, desc: int) -> None:
     count, itemsize, L = flat.numel(), flat.element_size(), shape.local_size
     block = -(-count // L)
     padded = flat if block * L == count else torch.cat([flat, flat.new_zeros(block * L - count)])
     shard = torch.empty(block, dtype=flat.dtype)
-    base, link, to = padded.data_ptr(), shape.rail, shape.rail_nodes[shape.local_rank].index(root_node)
+    base, link, to = padded.data_ptr(), links.rail, shape.rail_nodes[shape.local_rank].index(root_node)
     on_root_node = shape.node == root_node
     one_round = len(link.ranks) == 2
 

@@ -23,15 +23,15 @@ from shmcoll.placement.across.barrier import barrier
 from shmcoll.placement.across.network import EXCHANGE_NODES
 
 
-def reduce_scatter(shape, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
+def reduce_scatter(shape, links, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
     """Nodes of equal size; ``input``: contiguous, every rank's block for ``output`` in rank order."""
     out, source = red.view(output), red.view(input).reshape(-1)
     M = out.numel()
     if M == 0:  # still a collective, as on one node: the ranks meet
-        return barrier(shape, desc)
-    N, itemsize, link = len(shape.nodes), source.element_size(), shape.rail
-    if source.numel() * itemsize <= shape.small_bytes:
-        return _by_leaders(shape, out, source, red, desc)
+        return barrier(shape, links, desc)
+    N, itemsize, link = len(shape.nodes), source.element_size(), links.rail
+    if shape.small(source.numel() * itemsize):
+        return _by_leaders(shape, links, out, source, red, desc)
     result = out if out.is_contiguous() else torch.empty(M, dtype=out.dtype)
     flat_result = result.view(-1)
     in_flight = {}  # cut -> (partials we send, partials of our block we receive), one row per node
@@ -67,7 +67,7 @@ def reduce_scatter(shape, output: torch.Tensor, input: torch.Tensor, red: ops.Re
         out.copy_(result.view_as(out))
 
 
-def _by_leaders(shape, out: torch.Tensor, source: torch.Tensor, red: ops.Reduction, desc: int) -> None:
+def _by_leaders(shape, links, out: torch.Tensor, source: torch.Tensor, red: ops.Reduction, desc: int) -> None:
     M, N, L = out.numel(), len(shape.nodes), shape.local_size
     work = source.clone()  # the node stage reduces in place; the caller's input stays as it was
     stages.reduce(shape, work, red, 0, desc)
@@ -77,7 +77,7 @@ def _by_leaders(shape, out: torch.Tensor, source: torch.Tensor, red: ops.Reducti
         parts = torch.empty((N, L * M), dtype=work.dtype)  # each node's partial of this node's blocks
         parts[shape.node].copy_(blocks[shape.local_ranks].view(-1))
         others = shape.other_nodes
-        shape.leaders.wait(shape.leaders.swap({m: blocks[shape.nodes[m]].reshape(-1) for m in others},
+        links.leaders.wait(links.leaders.swap({m: blocks[shape.nodes[m]].reshape(-1) for m in others},
                                               {m: parts[m] for m in others}))
         partials.combine(red, ours, parts)
     result = out if out.is_contiguous() else torch.empty(M, dtype=out.dtype)

@@ -1,11 +1,12 @@
-"""A group across nodes as its plans see it, decided once when the group is made."""
+"""A group across nodes as its plans see it, decided once when the group is made: where every rank is.
+
+The Gloo groups that join the nodes are ``links.Links``; what all_to_all remembers between calls is
+``alltoall.Agreed``.
+"""
 from __future__ import annotations
 
-import torch.distributed as dist
-
 from shmcoll.algorithms.allreduce import one_shot_limit
-from shmcoll.placement.across.network import Link
-from shmcoll.placement.flat import PLAN_TAG
+
 
 class Shape:
     """Nodes, this rank's place among them, its rail, and the tables the plans index.
@@ -16,7 +17,7 @@ class Shape:
     local rank 0, which every node has: rail 0, and a Gloo group of their own for small messages).
     """
 
-    def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str, settings):
+    def __init__(self, rank: int, size: int, topo, arena, settings):
         self.rank, self.size = rank, size
         self.nodes = topo.nodes
         self.node = topo.node
@@ -26,17 +27,9 @@ class Shape:
         self.arena = arena  # this node's arena; None when this rank is alone on its node
         # Plans that need every node to hold the same number of ranks (the rails then carry equal shares).
         self.uniform = len({len(ranks) for ranks in self.nodes}) == 1
-        # All-reduces up to this size cross between the leaders in one exchange; larger ones on every rail.
-        self.small_bytes = settings.small_bytes
+        self.small_bytes = settings.small_bytes  # ``small``
         self.one_shot_bytes = one_shot_limit(settings.small_bytes, settings.chunk_bytes, self.local_size)  # node stage
         self.segment_bytes = settings.segment_bytes  # of a message, per pipeline segment (``pipeline``)
-        self.alltoall_room = None  # on a leader: bytes per rank its all_to_all headers carry (``alltoall``)
-        # all_to_all's sizes as last agreed (``alltoall``): this rank's (send sizes, then receive sizes); on
-        # a leader the group's table; and whether that call was large with its predecessor's sizes on every
-        # rank, so that the next one moves its blocks at once, taking the sizes to be the same again.
-        self.alltoall_row = None
-        self.alltoall_table = None
-        self.alltoall_repeat = False
         # stride[n]: the group ranks of node n are nodes[n][0] + l * stride[n] (None: no such stride), so that
         # a node stage writes local rank l's block of a rank-ordered output with one strided schedule.
         self.stride = [_stride(ranks) for ranks in self.nodes]
@@ -46,28 +39,13 @@ class Shape:
         # rail_nodes[i]: the nodes on rail i, in node order (a node's position on the rail is its index there).
         self.rail_nodes = [[n for n, ranks in enumerate(self.nodes) if len(ranks) > i]
                            for i in range(max(len(ranks) for ranks in self.nodes))]
-        # A Gloo group over all ranks, for direct messages between any two ranks (and ``placement.flat``).
-        self.pairs = Link(rank, self.node, dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/flat", store), rank, size,
-                                                                 timeout), "the group of all ranks",
-                          list(range(size)), rank, tag=PLAN_TAG)
-        members = self.rail_nodes[self.local_rank]
-        self.rail = None  # this rank's Link to its rail, if another node is on it
-        self.leaders = None  # on a leader: its Link to the other leaders, for the plans' small messages
-        if len(members) > 1:
-            def link(name: str, key: str) -> Link:
-                group = dist.ProcessGroupGloo(dist.PrefixStore(f"{keys}/{key}", store), members.index(self.node),
-                                              len(members), timeout)
-                return Link(rank, self.node, group, name, [self.nodes[n][self.local_rank] for n in members],
-                            members.index(self.node))
 
-            self.rail = link(f"rail {self.local_rank}", f"rail/{self.local_rank}")
-            # The leaders' small messages (headers, partials, the small collectives' data) on connections
-            # of their own, never the bulk's: TCP paces a connection at the rate its bulk reached (BBR), and
-            # where the cores were the limit that held a 64 KiB all_to_all to 1.4-1.6 ms after large
-            # collectives, against 0.8 ms on a connection of its own (BENCHMARKS.md).
-            if self.local_rank == 0:
-                self.leaders = link("the leaders' link", "leaders")
-        self.links = [x for x in (self.rail, self.leaders) if x is not None]  # ours, besides ``pairs``
+    def small(self, message_bytes: int) -> bool:
+        """Whether a collective takes its small plan, which crosses between the nodes in the fewest rounds
+        (through the leaders, or on one rank per node): its whole message, the largest buffer any rank
+        passes (an all_gather's or gather's output, a reduce_scatter's input, the sends or the receives of
+        an all_to_all, the tensor of the others), is at most SHMCOLL_SMALL_BYTES."""
+        return message_bytes <= self.small_bytes
 
     def rank_of(self, node: int, local_rank: int) -> int:
         return self.nodes[node][local_rank]
