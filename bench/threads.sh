@@ -32,7 +32,8 @@ first=${LAYOUTS%% *}
 
 wants() { [[ " $PARTS " == *" $1 "* ]]; }
 
-# torchrun with RANKS x THREADS (torchrun alone would set OMP_NUM_THREADS=1), then the script and its arguments.
+# torchrun with RANKS x THREADS (torchrun alone would set OMP_NUM_THREADS=1), then the script (or -m and a
+# module) and its arguments.
 run() {
     local layout=$1; shift
     local ranks=${layout%x*} threads=${layout#*x}
@@ -42,7 +43,7 @@ run() {
 sweep() {  # layout, json name, extra sweep arguments
     local layout=$1 name=$2; shift 2
     echo "== $name: sweep at $layout $*" >&2
-    run "$layout" bench/sweep.py --rounds 3 --iters-time 0.1 --json "$OUT/$name.json" "$@"
+    run "$layout" -m shmcoll.bench.sweep --rounds 3 --iters-time 0.1 --json "$OUT/$name.json" "$@"
 }
 
 if wants sweep; then

