@@ -823,3 +823,79 @@ def lane_threads_sleep(cases):
     dist.barrier()
     dist.destroy_process_group()
     cases.check("lanes/gone", not lane_threads(), f"lane threads left after destroy_process_group: {lane_threads()}")
+
+
+def fast_paths(cases):
+    """A call of an (op, dtype, root) met before takes its collective's fast path (no ``_launch``) when it is
+    synchronous, or asynchronous and small, with plain tensors; anything else takes the general path; both
+    give the reference's result."""
+    from shmcoll.backend import of_group
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pg = of_group()
+    launches = []
+    general = pg._launch
+    pg._launch = lambda *args, **kwargs: launches.append(1) or general(*args, **kwargs)
+
+    def all_reduce(case, dtype, count, op_name, async_op, make=torch.Tensor):
+        inputs = [make_input(case, r, dtype, count, op_name) for r in range(world)]
+        tensor = inputs[rank].clone().as_subclass(make)
+        work = dist.all_reduce(tensor, op=ops_for(dtype)[op_name], async_op=async_op)
+        if async_op:
+            work.wait()
+        _equal(tensor.as_subclass(torch.Tensor), reference_reduce(inputs, op_name, dtype), case)
+
+    def reduce_scatter(case, dtype, count, op_name, async_op, make=torch.Tensor):
+        inputs = [make_input(case, r, dtype, world * count, op_name) for r in range(world)]
+        out = torch.zeros(count, dtype=dtype).as_subclass(make)
+        work = dist.reduce_scatter_tensor(out, inputs[rank].clone(), op=ops_for(dtype)[op_name], async_op=async_op)
+        if async_op:
+            work.wait()
+        expected = reference_reduce(inputs, op_name, dtype)[rank * count:(rank + 1) * count]
+        _equal(out.as_subclass(torch.Tensor), expected, case)
+
+    def broadcast(case, dtype, count, op_name, async_op, make=torch.Tensor):
+        root = world - 1
+        tensor = (make_input(case, root, dtype, count) if rank == root else torch.zeros(count, dtype=dtype))
+        tensor = tensor.as_subclass(make)
+        work = dist.broadcast(tensor, root, async_op=async_op)
+        if async_op:
+            work.wait()
+        _equal(tensor.as_subclass(torch.Tensor), make_input(case, root, dtype, count), case)
+
+    def all_gather(case, dtype, count, op_name, async_op, make=torch.Tensor):
+        out = torch.zeros(world * count, dtype=dtype).as_subclass(make)
+        work = dist.all_gather_into_tensor(out, make_input(case, rank, dtype, count), async_op=async_op)
+        if async_op:
+            work.wait()
+        _equal(out.as_subclass(torch.Tensor), torch.cat([make_input(case, r, dtype, count) for r in range(world)]),
+               case)
+
+    class Subclass(torch.Tensor):
+        pass
+
+    big = 300_001  # above the one-shot limit and the inline asynchronous size: overlap pays
+    for name, call, dtype, op_name in (("all_reduce", all_reduce, torch.float32, "sum"),
+                                       ("all_reduce", all_reduce, torch.int32, "max"),
+                                       ("reduce_scatter_tensor", reduce_scatter, torch.bfloat16, "sum"),
+                                       ("broadcast", broadcast, torch.float64, None),
+                                       ("all_gather_into_tensor", all_gather, torch.int16, None)):
+        # (call, count, asynchronous, tensor type, whether the fast path takes it once admitted)
+        for n, (count, async_op, make, fast) in enumerate(((7, False, torch.Tensor, False),  # admits
+                                                           (7, False, torch.Tensor, True),
+                                                           (1, True, torch.Tensor, True),
+                                                           (5003, False, torch.Tensor, True),
+                                                           (big, True, torch.Tensor, False),
+                                                           (7, False, Subclass, False))):
+            case = f"fast_path/{name}/{dtype}/{op_name}/n={count}/async={async_op}/{make.__name__}#{n}"
+
+            if count == big:  # one rank runs everything inline (placement.single): it has nothing to overlap
+                fast = pg.placement.inline_async_bytes >= big * dtype.itemsize * world
+
+            def run():
+                launches.clear()
+                call(case, dtype, count, op_name, async_op, make)
+                went = "the general path" if launches else "the fast path"
+                assert bool(launches) != fast, f"{case}: took {went}"
+
+            cases.run(case, run)

@@ -73,3 +73,9 @@ def test_lifecycle(world_size):
 def test_in_place_overlap(world_size):
     result = spawn("tests.scenarios:in_place_overlap", world_size, env=SMALL_CHUNKS)
     assert_job_passes(result, min_cases=6)
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_fast_paths(world_size):
+    result = spawn("tests.scenarios:fast_paths", world_size, env=SMALL_CHUNKS)
+    assert_job_passes(result, min_cases=30)

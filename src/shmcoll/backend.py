@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -51,8 +52,16 @@ def _is_async(opts) -> bool:
 
 
 def _plain(tensor) -> bool:
-    """A dense CPU ``torch.Tensor`` (no subclass): what the fast paths take without further checks."""
+    """A dense CPU ``torch.Tensor`` (no subclass: one may override what the checks rely on): what the fast
+    paths take without further checks."""
     return type(tensor) is _Tensor and tensor.is_cpu and tensor.layout is _STRIDED
+
+
+class _FastPlan(NamedTuple):
+    """What a fast path keeps of a call the general path ran (``Collectives._admit``)."""
+    desc_base: int  # the descriptor less its count
+    red: ops.Reduction | None = None  # a reduction's plan
+    one_shot_count: int = 0  # all_reduce: the most elements the placement's one-shot path takes
 
 
 def _hash_is_op_value() -> bool:
@@ -87,14 +96,11 @@ class Collectives:
         kernel_library.warm()
         self._placement = placement.create(store, rank, size, timeout, self._settings, self.describe_current)
         self._sparse_buffers = sparse.Buffers()  # empty until a sparse all_reduce
-        # The all-reduce fast path: one node, plans admitted per (op value, dtype) as they are met.
-        self._planned = {} if self._placement.one_shot_bytes and _hash_is_op_value() else None
         self._inline_async_bytes = self._placement.inline_async_bytes
-        # The fast paths of all_gather_into_tensor, broadcast and reduce_scatter_tensor (any placement):
-        # the fixed part of the descriptor of each (kind, dtype, root) and, for reduce_scatter, the
-        # plan of each (op value, dtype), admitted by the general path as they are met.
-        self._movements: dict = {}
-        self._scatters = {} if _hash_is_op_value() else None
+        # The fast paths' plans (all_reduce, reduce_scatter_tensor, broadcast, all_gather_into_tensor), by
+        # (kind, dtype, op value or root), admitted by the general path as it meets them (``_admit``).
+        self._fast_plans: dict = {}
+        self._reductions_fast = _hash_is_op_value()
         if rank == 0 and _log.isEnabledFor(logging.INFO):
             nodes = self._placement.nodes
             _log.info("%s", "\n".join([f"shm process group of {size} ranks on {len(nodes)} node(s): {nodes}; "
@@ -219,30 +225,51 @@ class Collectives:
         # check), no plan and no packing of the descriptor (both kept from the first
         # call); a small tensor takes the one-shot exchange, a larger one the
         # placement's all-reduce, the same one the general path runs.
-        plans = self._planned
-        if plans is not None and type(opts) is _AllreduceOptions and len(tensors) == 1:
+        if type(opts) is _AllreduceOptions and type(tensors) is list and len(tensors) == 1:
             tensor = tensors[0]
-            if (isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.layout is _STRIDED
-                    and tensor.is_contiguous()):
-                plan = plans.get((hash(opts.reduceOp), tensor.dtype))
-                if plan is not None:
-                    count = tensor.numel()
-                    now = self._now if not opts.asyncOp else self._now_for(True, count * tensor.itemsize)
-                    if 0 < count <= descriptors.COUNT_MAX and now is not None and not self._engine.busy():
-                        one_shot_count, desc_base, red = plan
-                        desc = desc_base | count << descriptors.COUNT_SHIFT
-                        if count <= one_shot_count:
-                            return now(desc, lambda: self._placement.one_shot(tensor, count, red, desc), tensors)
-                        # red.finish would do nothing: plans that need it are not admitted
-                        return now(desc, lambda: self._placement.allreduce(tensor, red, desc), tensors)
+            if _plain(tensor) and tensor.is_contiguous():
+                count = tensor.numel()
+                fast = self._fast(descriptors.ALLREDUCE, tensor.dtype, hash(opts.reduceOp), opts.asyncOp,
+                                  count * tensor.itemsize)
+                if fast is not None and 0 < count <= descriptors.COUNT_MAX:
+                    now, (desc_base, red, one_shot_count) = fast
+                    desc = desc_base | count << descriptors.COUNT_SHIFT
+                    if count <= one_shot_count:
+                        return now(desc, lambda: self._placement.one_shot(tensor, count, red, desc), tensors)
+                    # red.finish would do nothing: plans that need it are not admitted
+                    return now(desc, lambda: self._placement.allreduce(tensor, red, desc), tensors)
         return self._allreduce(tensors, opts)
 
-    def _now_for(self, async_op: bool, nbytes: int):
-        """How a fast path runs a call: ``_now`` (synchronous), ``_now_async`` (asynchronous but small), or None
-        (the general path: asynchronous and large enough to overlap)."""
+    def _fast(self, kind: int, dtype, which: int, async_op: bool, nbytes: int):
+        """Whether a call may take its collective's fast path, and how: (run, its ``_FastPlan``), where
+        ``run`` is ``_now`` (synchronous) or ``_now_async`` (asynchronous, too small to overlap), or None
+        (the general path). The call's (``kind``, ``dtype``, ``which``: op value or root) must have been
+        admitted (``_admit``) and nothing may be in flight; the caller checks its tensors' own conditions
+        (plain, contiguous, sizes that agree)."""
+        plan = self._fast_plans.get((kind, dtype, which))
+        if plan is None or self._engine.busy():
+            return None
         if not async_op:
-            return self._now
-        return self._now_async if nbytes <= self._inline_async_bytes else None
+            return self._now, plan
+        return (self._now_async, plan) if nbytes <= self._inline_async_bytes else None
+
+    def _admit(self, kind: int, dtype, desc: int, redop=None, red: ops.Reduction | None = None, root: int = 0):
+        """Let later calls of ``kind`` on ``dtype`` (with ``redop``, or from ``root``) take the fast path, whose
+        descriptor is ``desc``'s but for the count: the one place that decides it, for every collective that
+        has one. Not reductions whose plan needs something per call or after it (``Reduction.fixed``), nor
+        movements of a dtype without an element code (``desc`` counts bytes)."""
+        if red is not None:
+            if not (red.fixed and self._reductions_fast):
+                return
+            which = ops.kind_of(redop).value
+        elif not descriptors.counts_elements(desc):
+            return
+        else:
+            which = root
+        key = (kind, dtype, which)
+        if key not in self._fast_plans:
+            one_shot = self._placement.one_shot_bytes // dtype.itemsize if kind == descriptors.ALLREDUCE else 0
+            self._fast_plans[key] = _FastPlan(descriptors.without_count(desc), red, one_shot)
 
     def _allreduce(self, tensors, opts):
         if isinstance(tensors, torch.Tensor):
@@ -253,23 +280,13 @@ class Collectives:
         red = self._reductions.plan(_reduce_op(opts), tensor.dtype, "all_reduce")
         count = red.view(tensor).numel()
         desc = descriptors.descriptor(descriptors.ALLREDUCE, count, red.dtype.code, red.code)
-        self._admit(_reduce_op(opts), tensor.dtype, red)
+        self._admit(descriptors.ALLREDUCE, tensor.dtype, desc, _reduce_op(opts), red)
 
         def body():
             self._placement.allreduce(tensor, red, desc)
             red.finish(tensor)
 
         return self._launch(desc, body, [tensor], opts, tensor.nbytes)
-
-    def _admit(self, redop, dtype, red: ops.Reduction) -> None:
-        """Let later all-reduces of (redop, dtype) take the fast path, if it can run them."""
-        plans = self._planned
-        if plans is None or not red.fixed:
-            return
-        key = (ops.kind_of(redop).value, dtype)
-        if key not in plans:
-            max_count = self._placement.one_shot_bytes // dtype.itemsize
-            plans[key] = (max_count, descriptors.descriptor(descriptors.ALLREDUCE, 0, red.dtype.code, red.code), red)
 
     def _allreduce_sparse(self, tensor, opts):
         sparse.check_op(_reduce_op(opts))
@@ -323,16 +340,13 @@ class Collectives:
         # all_reduce's fast path (see there) for FSDP2's gradient reduce-scatters and tensor-parallel
         # layers: plain tensors, a contiguous input, a synchronous (or small) call, an (op, dtype) met before
         # whose plan needs nothing per call or after it (``Reduction.fixed``), nothing in flight. Any placement.
-        plans = self._scatters
-        if (plans is not None and type(opts) is _ReduceScatterOptions and _plain(output)
-                and _plain(input) and input.is_contiguous()):
-            plan = plans.get((hash(opts.reduceOp), output.dtype))
+        if type(opts) is _ReduceScatterOptions and _plain(output) and _plain(input) and input.is_contiguous():
             count = output.numel()
-            now = self._now_for(opts.asyncOp, input.nbytes)
-            if (plan is not None and now is not None and input.dtype is output.dtype
-                    and input.numel() == count * self._size and count <= descriptors.COUNT_MAX
-                    and not self._engine.busy()):
-                base, red = plan
+            fast = self._fast(descriptors.REDUCE_SCATTER, output.dtype, hash(opts.reduceOp), opts.asyncOp,
+                              input.nbytes)
+            if (fast is not None and input.dtype is output.dtype and input.numel() == count * self._size
+                    and count <= descriptors.COUNT_MAX):
+                now, (base, red, _) = fast
                 desc = base | count << descriptors.COUNT_SHIFT
                 return now(desc, lambda: self._placement.reduce_scatter(output, input, red, desc), [output], [input])
         checks.gathered(input, output, self._size, "reduce_scatter_tensor", "input", "output")
@@ -345,10 +359,7 @@ class Collectives:
         as the caller gave them)."""
         red = self._reductions.plan(_reduce_op(opts), output.dtype, "reduce_scatter")
         desc = descriptors.descriptor(descriptors.REDUCE_SCATTER, red.view(output).numel(), red.dtype.code, red.code)
-        if self._scatters is not None and red.fixed:
-            self._scatters.setdefault((ops.kind_of(_reduce_op(opts)).value, output.dtype),
-                                      (descriptors.descriptor(descriptors.REDUCE_SCATTER, 0, red.dtype.code,
-                                                              red.code), red))
+        self._admit(descriptors.REDUCE_SCATTER, output.dtype, desc, _reduce_op(opts), red)
 
         def body():
             self._placement.reduce_scatter(output, stacked(), red, desc)
@@ -375,31 +386,22 @@ class Collectives:
 
     # -- data movement -------------------------------------------------------
 
-    def _movement(self, kind: int, tensor: torch.Tensor, root: int = 0) -> int:
-        """The descriptor of data-movement collective ``kind`` of ``tensor`` (checked); where it counts
-        elements (a named dtype), its fixed part is kept for the fast paths."""
-        count, code = ops.movement(tensor)
-        if code:
-            self._movements.setdefault((kind, tensor.dtype, root), descriptors.descriptor(kind, 0, code, 0, root))
-        return descriptors.descriptor(kind, count, code, 0, root)
-
     def broadcast(self, tensors, opts=None):
         # all_reduce's fast path (see there): one plain tensor of a (dtype, root) met before, synchronous
         # (or small).
         if type(opts) is _BroadcastOptions and type(tensors) is list and len(tensors) == 1:
             tensor = tensors[0]
             if _plain(tensor):
-                root = opts.rootRank
-                base = self._movements.get((descriptors.BROADCAST, tensor.dtype, root))
-                count = tensor.numel()
-                now = self._now_for(opts.asyncOp, tensor.nbytes)
-                if base is not None and now is not None and count <= descriptors.COUNT_MAX \
-                        and not self._engine.busy():
+                root, count = opts.rootRank, tensor.numel()
+                fast = self._fast(descriptors.BROADCAST, tensor.dtype, root, opts.asyncOp, tensor.nbytes)
+                if fast is not None and count <= descriptors.COUNT_MAX:
+                    now, (base, _, _) = fast
                     desc = base | count << descriptors.COUNT_SHIFT
                     return now(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor])
         tensor = checks.one_tensor(tensors, "broadcast")
         root = checks.root(opts.rootRank if opts is not None else 0, self._size, "broadcast")
-        desc = self._movement(descriptors.BROADCAST, tensor, root)
+        desc = descriptors.descriptor(descriptors.BROADCAST, *ops.movement(tensor), 0, root)
+        self._admit(descriptors.BROADCAST, tensor.dtype, desc, root=root)
         return self._launch(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor], opts, tensor.nbytes)
 
     def allgather(self, output_lists, input_tensors, opts=None):
@@ -413,16 +415,16 @@ class Collectives:
         # all_reduce's fast path (see there) for FSDP2's parameter all-gathers and tensor-parallel decode:
         # plain tensors of a dtype met before, a synchronous (or small) call, nothing in flight. Any placement.
         if type(opts) is _AllgatherOptions and _plain(input) and _plain(output):
-            base = self._movements.get((descriptors.ALLGATHER, input.dtype, 0))
             count = input.numel()
-            now = self._now_for(opts.asyncOp, input.nbytes)
-            if (base is not None and now is not None and output.dtype is input.dtype
-                    and output.numel() == count * self._size and count <= descriptors.COUNT_MAX
-                    and not self._engine.busy()):
+            fast = self._fast(descriptors.ALLGATHER, input.dtype, 0, opts.asyncOp, input.nbytes)
+            if (fast is not None and output.dtype is input.dtype and output.numel() == count * self._size
+                    and count <= descriptors.COUNT_MAX):
+                now, (base, _, _) = fast
                 desc = base | count << descriptors.COUNT_SHIFT
                 return now(desc, lambda: self._placement.allgather_into(output, input, desc), [output], [input])
         checks.gathered(output, input, self._size, "all_gather_into_tensor", "output", "input")
-        desc = self._movement(descriptors.ALLGATHER, input)
+        desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(input))
+        self._admit(descriptors.ALLGATHER, input.dtype, desc)
         return self._launch(desc, lambda: self._placement.allgather_into(output, input, desc), [output], opts,
                             input.nbytes, [input])
 

@@ -28,6 +28,16 @@ def descriptor(kind: int, count: int = 0, dtype_code: int = 0, op_code: int = 0,
             | (count & COUNT_MAX) << COUNT_SHIFT)
 
 
+def without_count(desc: int) -> int:
+    """All that identifies a collective but its count (a fast path adds ``count << COUNT_SHIFT``)."""
+    return desc & ((1 << COUNT_SHIFT) - 1)
+
+
+def counts_elements(desc: int) -> bool:
+    """Whether the count is of elements of a named dtype (else of bytes)."""
+    return bool(desc >> 10 & 0x1F)
+
+
 def _unpack(desc: int):
     """(kind code, op name or None, dtype name or None, root, count) of a descriptor."""
     return (desc & 0x3F, _OP_NAME_BY_CODE.get(desc >> 6 & 0xF), _DTYPE_BY_CODE.get(desc >> 10 & 0x1F),
