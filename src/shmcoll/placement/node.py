@@ -121,6 +121,11 @@ class OneNode(OnArena):
         least, most = span
         return least <= nbytes and (most is None or nbytes <= most)
 
+    def _lanes_for(self, nbytes: int) -> int:
+        """``Lanes.how_many``: lanes for a message of ``nbytes`` per rank; below the split size without entering
+        the lanes' module (one module less on the path of every collective that runs on one lane)."""
+        return 1 if nbytes < self.lanes.split_bytes else self.lanes.how_many(nbytes)
+
     def _single_copy_alltoall(self) -> bool:
         """Whether all_to_all reads the peers' buffers directly: at every size or none (its ranks' sizes differ,
         so no size can decide it alike on every rank)."""
@@ -149,7 +154,7 @@ class OneNode(OnArena):
         self._one_shot(tensor.data_ptr(), count, itemsize, red, desc)
 
     def _one_shot(self, addr: int, count: int, itemsize: int, red: ops.Reduction, desc: int) -> None:
-        lanes = self.lanes.how_many(count * itemsize)
+        lanes = self._lanes_for(count * itemsize)
         if lanes > 1:
             return self.lanes.run(_lanes.ONE_SHOT, lanes, desc, count, itemsize, addr, kernel=red.kernel,
                                   op=red.op.kernel, scale=red.scale)
@@ -171,7 +176,7 @@ class OneNode(OnArena):
         if self._single_copy("all_reduce" if root is None else "reduce", work.numel() * itemsize):
             return allreduce.single_copy(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
                                          red.scale, desc, root)
-        lanes = self.lanes.how_many(work.numel() * itemsize)
+        lanes = self._lanes_for(work.numel() * itemsize)
         if lanes > 1:
             return self.lanes.run(_lanes.CHUNKED, lanes, desc, work.numel(), itemsize, addr, kernel=red.kernel,
                                   op=red.op.kernel, scale=red.scale, root=-1 if root is None else root)
@@ -192,7 +197,7 @@ class OneNode(OnArena):
             reduce_scatter.single_copy(self.arena, source.data_ptr(), block, itemsize, red.kernel, red.op.kernel,
                                        red.scale, into, desc)
             return unstage(out, target)
-        lanes = self.lanes.how_many(block * itemsize)
+        lanes = self._lanes_for(block * itemsize)
         if lanes > 1:
             self.lanes.run(_lanes.REDUCE_SCATTER, lanes, desc, block, itemsize, addr, out=into, block_stride=block,
                            kernel=red.kernel, op=red.op.kernel, scale=red.scale)
@@ -211,7 +216,7 @@ class OneNode(OnArena):
         if self._single_copy("broadcast", tensor.nbytes):
             broadcast.single_copy(self.arena, addr, tensor.nbytes, root, desc)
             return unstage(tensor, work)
-        lanes = self.lanes.how_many(tensor.nbytes)
+        lanes = self._lanes_for(tensor.nbytes)
         if lanes > 1:
             self.lanes.run(_lanes.BROADCAST, lanes, desc, tensor.nbytes, 1, addr, root=root)
         else:
@@ -248,7 +253,7 @@ class OneNode(OnArena):
                 addr = source.data_ptr()
             allgather.single_copy(self.arena, addr, nbytes, out, nbytes, desc)
             return unstage(output, target)
-        lanes = self.lanes.how_many(nbytes)
+        lanes = self._lanes_for(nbytes)
         if lanes > 1:
             self.lanes.run(_lanes.ALLGATHER, lanes, desc, nbytes, 1, addr, out=out, out_stride=nbytes)
         else:
