@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""DDP training step time, shm against gloo in one job (issue goal: shm >= 1.5x faster per step).
+"""DDP training step time, shm against gloo in one job (the goal: shm >= 1.5x faster per step; BENCHMARKS.md,
+"Goals of issue 4").
 
     .venv/bin/torchrun --nproc_per_node=2 bench/bench_ddp.py --json results/ddp-2ranks.json
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A DLRM-like step, shm against gloo in one job: DDP over a sparse embedding table (issue 16).
+"""A DLRM-like step, shm against gloo in one job: DDP over a sparse embedding table (BENCHMARKS.md, "Sparse DDP,
+DLRM-like").
 
     .venv/bin/torchrun --nproc_per_node=2 bench/bench_dlrm.py --json results/dlrm-2ranks.json
     .venv/bin/torchrun --nproc_per_node=4 bench/bench_dlrm.py --json results/dlrm-4ranks.json

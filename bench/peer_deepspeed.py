@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""DeepSpeed's CPU shared-memory all_reduce beside shm and Gloo, in one interleaved job (issues 41, 44).
+"""DeepSpeed's CPU shared-memory all_reduce beside shm and Gloo, in one interleaved job (BENCHMARKS.md,
+"Threads per rank").
 
     .venv/bin/python -m pip install -e '.[peers]'    # DeepSpeed, built from its sdist; torch is left as it is
     .venv/bin/torchrun --nproc_per_node=2 bench/peer_deepspeed.py --json results/peer-deepspeed-2ranks.json

@@ -226,7 +226,7 @@ _KEPT = {}
 
 def gloo_worker_busy_at_exit() -> None:
     """A Gloo worker thread that still needs the GIL when the main thread reaches interpreter exit (the
-    SIGABRT of issue 17, made certain): the future callback of a Gloo all_reduce, which runs on Gloo's
+    SIGABRT that gloo_exit prevents, made certain): the future callback of a Gloo all_reduce, which runs on Gloo's
     worker, waits until the main thread has begun its exit, then returns and the worker drops the Work,
     whose tensor the main thread has released. The process must wait for it, not abort."""
     import atexit

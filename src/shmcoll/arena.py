@@ -23,9 +23,11 @@ Terms:
            acknowledgement) and two halves of ``p2p_bytes / 2`` (see p2p.py).
 
 Lifecycle: the lowest local rank creates the segment exclusively (mode 0600,
-random name, space reserved), publishes its name through the group's store,
-and unlinks it once every local rank has mapped it; ``open_arena`` returns on
-no rank before the name is gone, so nothing can leak after that point.
+space reserved) without a name where the filesystem allows it (O_TMPFILE; the
+others open /proc/<pid>/fd/<fd>), else under a random name, publishes its path
+through the group's store, and unlinks a name once every local rank has mapped
+it; ``open_arena`` returns on no rank before any name is gone, so nothing can
+leak after that point.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ If the interpreter has begun finalizing by then, CPython ends the thread inside
 
 The window is between the collective's completion and the worker's next turn
 on a CPU, which on a loaded machine can outlast all the Python that follows a
-job's last Gloo collective. A fixed pause only narrows it (the 1 ms one this
-replaces still failed about one run in 60 of a 3-rank job under load), so at
+job's last Gloo collective. A fixed pause only narrows it (with a 1 ms one,
+about one run in 60 of a 3-rank job under load still aborted), so at
 interpreter exit, before finalization starts, the main thread releases the GIL
 until every Gloo worker of the process is back in its idle wait.
 

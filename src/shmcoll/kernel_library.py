@@ -1,7 +1,7 @@
 """The reduction kernels as one native library, so a warm start never imports Numba.
 
 Importing Numba and setting up its code generator costs about half a second per
-process, which was nearly all of ``init_process_group("shm")``. So the first
+process, which would be nearly all of ``init_process_group("shm")``. So the first
 time (``python -m shmcoll warm``, or the first group on a machine) Numba
 compiles every dtype's C entry point (``kernels.compile_entry``), LLVM emits
 them as one position-independent object, and the system C compiler links it
@@ -21,7 +21,7 @@ entry points allocate nothing. The library defines them to stop the process
 with a message instead of failing to load.
 
 When no library can be built (no C compiler), ``entry_point`` falls back to
-Numba's JIT and its on-disk cache, as before: slower start-up, same kernels.
+Numba's JIT and its on-disk cache: slower start-up, same kernels.
 A build that fails for any other reason (the linker refuses the object, say)
 leaves ``<library>.failed`` with the error, so that later processes fall back
 at once instead of each compiling for ten seconds to fail the same way;

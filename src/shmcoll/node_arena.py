@@ -12,8 +12,8 @@ Creating the arena is another matter: when the lowest rank cannot create it (a
 full /dev/shm, an unusable SHMCOLL_SHM_DIR), no rank of that node could share
 memory, and moving them all to TCP would hide a configuration problem (and a
 large slowdown) behind a warning. That is an error on every rank of the group,
-as is any other failure here (a peer that died, a store timeout); before this
-agreement, the ranks of other nodes waited for the Gloo rendezvous instead.
+as is any other failure here (a peer that died, a store timeout): without this
+agreement the ranks of other nodes would wait for the Gloo rendezvous instead.
 """
 from __future__ import annotations
 

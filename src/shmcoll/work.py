@@ -168,9 +168,9 @@ class ProgressEngine:
         queues work, so from its point of view an idle engine stays idle. The queue is read
         first and the thread marks itself running before it takes a collective off the queue
         (``_loop``), so no moment between the two reads shows neither: read the other way
-        round, a collective taken off the queue just then was missed, and a synchronous call
-        issued after it ran inline alongside it (an all_gather read its input before the
-        async all_reduce before it had written it: a wrong result on every rank)."""
+        round, a collective taken off the queue just then would be missed, and a synchronous call
+        issued after it would run inline alongside it (an all_gather reading its input before the
+        async all_reduce issued before it had written it: a wrong result on every rank)."""
         return bool(self._queue) or self._running
 
     def completed(self, result, source: int | None = None) -> CompletedWork:

@@ -28,14 +28,14 @@ SINGLE_COPY_SPANS = {
     "broadcast": (8 << 10, 1 << 20), "all_reduce": (2 << 20, 32 << 20),
 }
 # Everything that has a single-copy path. reduce, gather, scatter, all_to_all and point_to_point have no measured span
-# (no machine where reads are cheap was at hand when they were written: ``bench/bench_single_copy.py``
-# measures them), so they read directly only where SHMCOLL_SINGLE_COPY=1 forces it. all_to_all never
-# has a span by size: its ranks' sizes differ, and its path must be the same on every rank.
+# (measuring one needs a machine where reads are cheap; ``bench/bench_single_copy.py`` measures them), so
+# they read directly only where SHMCOLL_SINGLE_COPY=1 forces it. all_to_all never has a span by size: its
+# ranks' sizes differ, and its path must be the same on every rank.
 SINGLE_COPY_KINDS = (*SINGLE_COPY_SPANS, "reduce", "gather", "scatter", "all_to_all", "point_to_point")
 # Single copy pays only where the kernel's read of a peer is cheap: it saves one or two copies (into the
 # arena and out of it) per byte and reads once instead. On the Intel VM whose spans these are, a 256 KiB
 # broadcast took 16 us by a read against 24 us by two copies (about one copy per read, judged from those
-# times: the probe did not time reads then). On an AMD EPYC VM the probe finds a read costs 3.4-6.5
+# times; the probe's read_cost was not measured there). On an AMD EPYC VM the probe finds a read costs 3.4-6.5
 # copies (single_copy.read_cost), and there every collective lost 25-67% to the copy path from 32 KiB to
 # 16 MiB, both paths interleaved in one job (bench/bench_single_copy.py; BENCHMARKS.md, "Single copy").
 READ_COST_LIMIT = 2.0
