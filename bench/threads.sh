@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Few ranks with many threads each (BENCHMARKS.md, "Threads per rank"): everything issue 41 measures, in one
-# command, on a machine with many cores:
+# Few ranks with many threads each (BENCHMARKS.md, "Threads per rank"): everything the many-core tables need, in
+# one command, on a machine with many cores:
 #
 #   bash bench/threads.sh                  # uses .venv if there is one, else the python on PATH
 #   BASE=../other-checkout bash bench/threads.sh   # also that build of shmcoll (built in place), same run

@@ -79,8 +79,8 @@ def policy(settings, local_size: int, across_nodes: bool) -> Policy:
     else) is runnable on it. So: a short spin, unless local ranks outnumber cores, then yields, then the
     futex sleep. Where they outnumber the cores, a rank yields only while another shares its core: the kernel
     leaves three ranks on one of two cores for tens of milliseconds when the fourth yields on the other, a
-    few when it sleeps (4 ranks on 2 cores, 256 KiB: 15-22% off all_reduce, reduce_scatter and broadcast over
-    8 jobs, BENCHMARKS "More ranks than cores").
+    few when it sleeps (4 ranks on 2 cores, 256 KiB: 8-24% off the median of all_reduce, all_gather,
+    reduce_scatter and broadcast over 6 job pairs, BENCHMARKS "More ranks than cores").
 
     Sleep at once otherwise. An asynchronous collective runs while the caller computes, typically on the
     same cores (DDP's backward): spinning or yielding there takes cycles from the computation it overlaps

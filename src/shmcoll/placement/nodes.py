@@ -4,8 +4,9 @@
 tables) and ``Links`` (its Gloo groups) once and hands each collective to its
 plan in ``placement.across``.
 Nodes of unequal size take the plans that cross between the nodes' leaders where
-those exist (all_reduce, reduce, broadcast, barrier), else one Gloo group over
-all ranks (``placement.flat``), as do point-to-point messages.
+those exist (all_reduce, reduce, broadcast, barrier, all_to_all), else one Gloo
+group over all ranks (``placement.flat``, decided once: ``moves``), as do
+point-to-point messages.
 
 Every method runs inside the backend's ProgressEngine (in issue order) and
 completes synchronously. A plan that fails part-way, on the network or in a

@@ -12,7 +12,8 @@ SizesDisagreeError on every rank, before any data moves; the group stays usable.
 Small messages (every rank sends and receives at most SHMCOLL_SMALL_BYTES) ride
 along: the leaders exchange the data, one message per pair of nodes, and the
 node scatter brings each rank its blocks; only the leaders touch the network.
-Blocks of at most 1 KiB per rank ride inside the size header itself (one network
+Blocks that fit the header's room (at least 1 KiB per rank, more after small calls
+that sent more: ``_FIRST_ROOM``) ride inside the size header itself (one network
 round); larger small ones follow it (another round: Gloo receives by rendezvous).
 
 Large ones go straight from rank to rank between nodes, every message posted at
@@ -27,9 +28,9 @@ called again) skips the agreement: its blocks leave at once at the sizes agreed
 before; a rank whose sizes changed sends stand-ins a few bytes short instead,
 which its receivers see by a random tail they put at the end of each buffer
 (a full block overwrites it). Every rank hears every rank, so all know alike
-whether to start the call again through the leaders; the agreement, a network
-round before the first byte, is what a large all_to_all of repeated sizes no
-longer pays (1 MiB per rank on the shaped link: 8.8 against 9.05 ms;
+whether to start the call again through the leaders. So a large all_to_all of
+repeated sizes does not pay for the agreement, a network round before the first
+byte (1 MiB per rank on the shaped link: 8.8 ms, against 9.05 ms with it;
 BENCHMARKS.md).
 """
 from __future__ import annotations
