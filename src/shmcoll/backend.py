@@ -220,11 +220,11 @@ class Collectives:
         # At 8 bytes the shared-memory exchange takes under a microsecond and torch's
         # own all_reduce wrapper about six; every check below is a measurable share
         # of the rest, hence a path of its own for the common case: one contiguous,
-        # dense CPU tensor of an (op, dtype) planned before, a synchronous call, one
-        # node, nothing in flight. It needs no checks (those conditions are what they
-        # check), no plan and no packing of the descriptor (both kept from the first
-        # call); a small tensor takes the one-shot exchange, a larger one the
-        # placement's all-reduce, the same one the general path runs.
+        # plain CPU tensor of an (op, dtype) admitted before, a synchronous (or small)
+        # call, nothing in flight (``_fast``). It needs no checks (those conditions are
+        # what they check), no plan and no packing of the descriptor (both kept from
+        # the first call); a small tensor takes the placement's one-shot exchange, a
+        # larger one its all-reduce, the same one the general path runs.
         if type(opts) is _AllreduceOptions and type(tensors) is list and len(tensors) == 1:
             tensor = tensors[0]
             if _plain(tensor) and tensor.is_contiguous():
