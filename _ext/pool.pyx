@@ -131,17 +131,6 @@ cdef class Pool:
         block.managed.deleter = _returned
         return PyCapsule_New(&block.managed, "dltensor", _capsule_dropped)
 
-    def kept(self):
-        """(blocks, bytes of them, blocks lent now)."""
-        cdef int i, count = 0, lent = 0
-        cdef size_t total = 0
-        for i in range(MAX_BLOCKS):
-            if self.blocks[i] != NULL:
-                count += 1
-                total += self.blocks[i].capacity
-                lent += shmcoll_load_acquire_u32(&self.blocks[i].state) == LENT
-        return count, total, lent
-
     cdef Block *_claim(self, size_t nbytes):
         """The smallest free block that holds ``nbytes``, or a new one where the limit allows
         (free blocks too small are dropped to make room), LENT; NULL if none."""

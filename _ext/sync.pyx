@@ -36,7 +36,6 @@ cdef extern from "<errno.h>" nogil:
 # The control line's layout (lines.pxi), for the arena's Python side.
 LINE_BYTES = _LINE
 PID_OFFSET = _PID
-CPU_OFFSET = _CPU
 
 
 def post(uintptr_t lines, int rank, uint32_t step, uint64_t desc):

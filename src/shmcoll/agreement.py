@@ -1,7 +1,7 @@
 """The settings every rank of a group must share, agreed once when the group is made.
 
-The settings ``_env`` marks group-wide (``_env.group_wide``: the chunk, p2p, small, thread and
-segment bytes and single copy) shape the node arena's layout or decide a collective's plan
+The settings ``_env`` marks group-wide (``_env.group_wide``) shape the node arena's layout or
+decide a collective's plan
 (one-shot or chunked, how many lanes, which path), and each rank derives them from its own
 environment. Two ranks that read different values would lay out the same
 segment differently or run different schedules over it: a wrong result or a hang,

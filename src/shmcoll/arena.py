@@ -295,9 +295,7 @@ class Arena(Steps):
                                                    self.yield_company, _SLICE_NS)
 
     def _set_lane_waits(self) -> None:
-        # A lane waits as the arena's steps do, but never spins where the node's lane threads outnumber
-        # the cores (a spinning lane would hold the core its peer's lane needs).
-        budgets = self.budgets._replace(spin_ns=0) if self.lanes_oversubscribe else self.budgets
+        budgets = waits.lane_budgets(self.budgets, self.lanes_oversubscribe)
         company = budgets.company(self.local_size)
         for lane in self._lanes:
             lane.set_waits(budgets.spin_ns, budgets.yield_ns, company)
@@ -458,8 +456,8 @@ def _explain_enospc(create, where: str, size: int, local_size: int):
         if error.errno == errno.ENOSPC:
             raise OSError(
                 error.errno,
-                f"{error.strerror}. The shm arena for {local_size} local ranks needs {size} bytes; "
-                f"lower SHMCOLL_CHUNK_BYTES or SHMCOLL_P2P_BYTES, or set SHMCOLL_THREADS=1 (no lanes' slots), "
+                f"{error.strerror} (the shm arena of {local_size} local ranks). "
+                f"Lower SHMCOLL_CHUNK_BYTES or SHMCOLL_P2P_BYTES, or set SHMCOLL_THREADS=1 (no lanes' slots), "
                 f"to shrink it, point SHMCOLL_SHM_DIR at a larger tmpfs, or enlarge /dev/shm (docker run "
                 f"--shm-size=...)",
             ) from None

@@ -80,7 +80,6 @@ class Collectives:
     def _setup(self, store, rank: int, size: int, timeout: timedelta) -> None:
         self._rank = rank
         self._size = size
-        self._timeout = timeout
         self._settings = read_settings()
         self._error: BaseException | None = None  # the first failure; the group refuses collectives after it
         self._seq = 0  # collectives started on this group, for messages

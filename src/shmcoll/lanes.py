@@ -2,7 +2,7 @@
 
 One thread copies and reduces at a fraction of what a rank's cores can move
 (2 ranks x 8 threads on 16 cores: one thread moves ~12% of it). So a collective
-of at least ``split_bytes`` is cut into ``n`` lanes: lane j takes the j-th
+of at least ``split_bytes`` is cut into ``n`` lanes (``OneNode._lanes_for``): lane j takes the j-th
 stretch of the message (cache-line aligned) and runs the ordinary schedule on
 it, over its own control lines and slots (``Arena.lane_schedules``). Thread j of
 every rank drives lane j, so threads of one rank never wait for each other
@@ -31,7 +31,8 @@ from __future__ import annotations
 import os
 import time
 
-from shmcoll import _schedules, _sync, descriptors
+from shmcoll import _schedules, _sync, descriptors, waits
+from shmcoll.algorithms.schedule import raise_mismatch
 from shmcoll.errors import ShmcollError
 from shmcoll.waits import reached
 
@@ -39,10 +40,6 @@ from shmcoll.waits import reached
 ONE_SHOT, CHUNKED, REDUCE_SCATTER, ALLGATHER, BROADCAST = (
     _schedules.ONE_SHOT, _schedules.CHUNKED, _schedules.REDUCE_SCATTER, _schedules.ALLGATHER, _schedules.BROADCAST)
 _FINAL = (_schedules.DONE, _schedules.MISMATCH, _schedules.CANCELLED)
-
-# How long a lane thread polls for the next collective before it sleeps: a burst (DDP's buckets, a
-# tensor-parallel layer's all-reduces) finds it awake, and an idle group holds no core for longer.
-IDLE_SPIN_NS = 50_000
 
 
 def agree(store, keys: str, rank: int, local_ranks: list[int], wanted: int, explicit: bool) -> int:
@@ -79,20 +76,16 @@ class Lanes:
         self._pool = None  # started by the first collective that splits (a group may never need its threads)
         self._lines: list[int] = []
 
-    def how_many(self, nbytes: int) -> int:
-        """Lanes for a message of ``nbytes`` (per rank): a function of the size alone, as lanes must pair."""
-        return 1 if nbytes < self.split_bytes else min(self.count, nbytes // self.min_bytes)
-
     def run(self, kind: int, lanes: int, desc: int, count: int, itemsize: int, addr: int, *, out: int = 0,
             block_stride: int = 0, out_stride: int = 0, kernel: int = 0, op: int = 0, scale: float = 1.0,
             root: int = -1) -> None:
         """One collective of ``kind`` over ``count`` items of ``itemsize`` bytes at ``addr``, on ``lanes`` lanes
-        (``how_many``; at least 2): the schedules' arguments as ``shmcoll.algorithms`` passes them."""
+        (``OneNode._lanes_for``; at least 2): the schedules' arguments as ``shmcoll.algorithms`` passes them."""
         arena = self.arena
         if self._pool is None:
             schedules = arena.lane_schedules()
             self._lines = [s.lines for s in schedules]
-            self._pool = _schedules.Pool(schedules, 0 if arena.lanes_oversubscribe else IDLE_SPIN_NS)
+            self._pool = _schedules.Pool(schedules, waits.lane_idle_spin_ns(arena.lanes_oversubscribe))
         fence = arena.next_step()
         arena.post(fence, desc)  # see the module's docstring
         align = max(1, 64 // itemsize)
@@ -137,8 +130,7 @@ class Lanes:
         for j in range(lanes):
             status, _, base = self._pool.lane(j)
             if status == _schedules.MISMATCH:
-                self.arena.check_same_collective(base + 1, desc, lines=self._lines[j])  # raises, naming both
-                raise AssertionError("a lane reported a mismatch its lines do not show")
+                raise_mismatch(self.arena, base + 1, desc, lines=self._lines[j])
         cancelled = [j for j in range(lanes) if self._pool.lane(j)[0] != _schedules.DONE]
         if cancelled:  # not by us, nor by a mismatch: cannot happen
             raise ShmcollError(f"lanes {cancelled} of {descriptors.describe(desc)} stopped before the end")

@@ -51,6 +51,22 @@ class Budgets(NamedTuple):
 
 SLEEP_AT_ONCE = Budgets(0, 0)
 
+# How long an idle lane thread polls for the next collective before it sleeps: a burst (DDP's buckets, a
+# tensor-parallel layer's all-reduces) finds it awake, and an idle group holds no core for longer.
+LANE_IDLE_SPIN_NS = 50_000
+
+
+def lane_budgets(budgets: Budgets, oversubscribed: bool) -> Budgets:
+    """The budgets of a lane's waits: the arena's, but no spin where the node's lane threads outnumber the
+    cores (a spinning lane would hold the core its peer's lane needs)."""
+    return budgets._replace(spin_ns=0) if oversubscribed else budgets
+
+
+def lane_idle_spin_ns(oversubscribed: bool) -> int:
+    """How long an idle lane thread polls before it sleeps: not at all where the node's lane threads
+    outnumber the cores (its poll would take the core from a thread with work)."""
+    return 0 if oversubscribed else LANE_IDLE_SPIN_NS
+
 
 class Policy(NamedTuple):
     """The budgets of every wait on one arena, decided once (``policy``): a collective the caller's thread

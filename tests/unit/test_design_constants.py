@@ -20,10 +20,10 @@ from shmcoll.algorithms import allreduce
 from shmcoll.placement import node, single
 from shmcoll.placement.across import alltoall, network, pipeline
 from shmcoll.placement.nodes import Nodes
+from tests.ext_source import constant
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DESIGN = REPO / "docs" / "DESIGN.md"
-EXT = REPO / "_ext"
 DEFAULTS = Settings()
 CPUS = len(os.sched_getaffinity(0))
 MiB = 1 << 20
@@ -52,13 +52,6 @@ def quoted(pattern: str, text: str) -> tuple[str, ...]:
     found = [m.groups() for m in re.finditer(pattern, text)]
     assert len(found) == 1, f"docs/DESIGN.md matches {pattern!r} {len(found)} times, not once"
     return found[0]
-
-
-def source_constant(path: pathlib.Path, name: str) -> int:
-    """A C constant of the extensions (an enum member, not visible from Python): ``name = <int>``."""
-    found = re.findall(rf"\b{name}\s*=\s*(\d+)\b", path.read_text())
-    assert len(found) == 1, f"{path.name} defines {name} {len(found)} times"
-    return int(found[0])
 
 
 def _least_ranks_under_small() -> int:
@@ -126,7 +119,8 @@ QUOTES = {
                       rf"\(`arena.lane_bytes`: a step of {SIZE} by default"),
     "the least message that splits, in SHMCOLL_THREAD_BYTES": (
         _lanes_split, r"whose message is at least `(\d+) x SHMCOLL_THREAD_BYTES` per rank"),
-    "a lane's idle poll": (lambda: lanes.IDLE_SPIN_NS, rf"polls for the next job for {TIME} \(`lanes.IDLE_SPIN_NS`",
+    "a lane's idle poll": (lambda: waits.LANE_IDLE_SPIN_NS,
+                           rf"polls for the next job for {TIME} \(`waits.LANE_IDLE_SPIN_NS`",
                            rf"an idle lane thread polls for {TIME} at most"),
     # algorithms/allreduce.py, placement/node.py, single_copy.py
     "the one-shot limit's fall (/ L^2)": (lambda: allreduce.ONE_SHOT_RANKS_BYTES,
@@ -164,15 +158,15 @@ QUOTES = {
     "where torch's sort changes": (lambda: _merge.SORTS_AS_TORCH_BELOW,
                                    rf"Below {NUMBER} keys torch's sort is libstdc\+\+'s",
                                    rf"from {NUMBER} keys torch switches to fbgemm's radix sort"),
-    "the sort's partition block": (lambda: source_constant(EXT / "shmcoll_introsort.h", "SHMCOLL_INTROSORT_BLOCK"),
+    "the sort's partition block": (lambda: constant("shmcoll_introsort.h", "SHMCOLL_INTROSORT_BLOCK"),
                                    rf"finds the elements to swap a block of {NUMBER} at a time"),
-    "the prefetch distance": (lambda: source_constant(EXT / "merge.pyx", "PREFETCH_AHEAD"),
+    "the prefetch distance": (lambda: constant("merge.pyx", "PREFETCH_AHEAD"),
                               rf"each row is prefetched {NUMBER} rows ahead"),
     "the indices' most room": (lambda: sparse._room_after([(1 << 40, 1)]) * 8,
                                rf"the last call's largest part and a quarter \(.*?\), at most {SIZE};"),
     "Buffers.KEEP_BYTES": (lambda: sparse.Buffers.KEEP_BYTES, rf"up to {SIZE} each \(`Buffers.KEEP_BYTES`"),
     "the sums' pool (blocks, bytes)": (
-        lambda: (source_constant(EXT / "pool.pyx", "MAX_BLOCKS"), sparse.Buffers.KEEP_BYTES),
+        lambda: (constant("pool.pyx", "MAX_BLOCKS"), sparse.Buffers.KEEP_BYTES),
         rf"The pool lends at most {NUMBER} blocks, {SIZE} in all"),
     # backend.py, gloo_exit.py, descriptors.py
     "abort's grace": (lambda: backend._ABORT_GRACE_S * 1e9,
@@ -285,3 +279,19 @@ def test_a_change_on_either_side_alone_fails():
     assert check("the slice", lambda: waits.SLICE_NS // 2, slice_pattern, text) is not None
     with pytest.raises(AssertionError, match="0 times"):
         check("the slice", lambda: waits.SLICE_NS, slice_pattern, text.replace("outlasts its 100 ms", "outlasts a"))
+
+
+def test_the_group_wide_settings_are_those_every_document_lists():
+    """_env marks which settings every rank of a group shares; DESIGN lists them, README's variable table
+    says "yes" in its last column for exactly those."""
+    from shmcoll._env import group_wide
+
+    variables = set(group_wide(DEFAULTS))
+    names = {"SHMCOLL_CHUNK_BYTES": "chunk", "SHMCOLL_P2P_BYTES": "p2p", "SHMCOLL_SMALL_BYTES": "small",
+             "SHMCOLL_THREAD_BYTES": "thread", "SHMCOLL_SEGMENT_BYTES": "segment", "SHMCOLL_SINGLE_COPY": "single copy"}
+    listed, = quoted(r"\(`_env.GROUP_WIDE`: ([a-z0-9 ,]+?),\s+single copy\)", design_text())
+    design = {word.strip() for word in listed.replace(" and ", ", ").replace("bytes", "").split(",")} | {"single copy"}
+    assert design == {names[v] for v in variables}, f"DESIGN lists {sorted(design)}; _env marks {sorted(variables)}"
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    yes = set(re.findall(r"^\| `(SHMCOLL_\w+)` \|.*\| yes[^|]*\|$", readme, re.M))
+    assert yes == variables, f"README says yes for {sorted(yes)}; _env marks {sorted(variables)}"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from shmcoll import _copy, _segment, _sync
+from tests.ext_source import constant
 
 SHM = "/dev/shm"
 
@@ -156,8 +157,11 @@ def _pinned_lines(tag):
         seg.close()
 
 
+CPU_OFFSET = constant("lines.pxi", "_CPU")  # of the CPU a rank last waited on, in its control line
+
+
 def _cpu_word(rank):
-    return (rank * _sync.LINE_BYTES + _sync.CPU_OFFSET) // 4
+    return (rank * _sync.LINE_BYTES + CPU_OFFSET) // 4
 
 
 def test_an_oversubscribed_wait_records_the_cpu_it_waits_on():

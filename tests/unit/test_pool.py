@@ -10,6 +10,10 @@ import torch
 
 from shmcoll import _pool
 from shmcoll.sparse import Buffers
+from tests.ext_source import constant
+
+
+MAX_BLOCKS = constant("pool.pyx", "MAX_BLOCKS")  # the most blocks a pool lends at once
 
 
 def _lend(pool, nbytes):
@@ -23,11 +27,9 @@ def test_a_block_comes_back_when_the_last_view_is_freed():
     assert block.shape == (1000,) and block.dtype == torch.uint8 and address % 64 == 0
     values = block[64:].view(torch.float32)
     del block
-    assert pool.kept()[2] == 1  # the view still holds it
     again = _lend(pool, 1000)
-    assert again.data_ptr() != address
+    assert again.data_ptr() != address  # the view still holds the first block
     del values
-    assert pool.kept()[2] == 1  # only `again` now
     assert _lend(pool, 900).data_ptr() == address  # the freed block, not a new one
 
 
@@ -49,24 +51,29 @@ def test_a_block_freed_on_another_thread_comes_back():
     thread = threading.Thread(target=box.clear)
     thread.start()
     thread.join()
-    assert pool.kept()[2] == 0
     assert _lend(pool, 512).data_ptr() == address
 
 
 def test_the_limit_bounds_what_is_kept_and_the_caller_falls_back():
     pool = _pool.Pool(10_000)
     first = _lend(pool, 4400)  # 5500 kept (a quarter's room to grow)
+    address = first.data_ptr()
     assert pool.lend(4400) is None  # another 5500 would pass the limit
     assert pool.lend(9000) is None  # larger than the limit with its room
     del first
-    assert pool.kept() == (1, 5500, 0)
-    grown = _lend(pool, 6000)  # the free block is too small: dropped for a larger one
-    assert pool.kept() == (1, 7500, 1) and grown.numel() == 6000
+    again = _lend(pool, 5500)  # the free block, whole
+    assert again.data_ptr() == address
+    del again
+    grown = _lend(pool, 6000)  # too large for the free block: dropped for one of 7500, which fits beside nothing
+    assert grown.numel() == 6000
+    assert pool.lend(2100) is None  # 7500 + 2625 would pass the limit
+    assert _lend(pool, 1900).numel() == 1900  # 7500 + 2375 fits: the dropped block is not kept
     buffers = Buffers()
     buffers.KEEP_BYTES = 100
     buffers._results = _pool.Pool(buffers.KEEP_BYTES)
-    assert buffers.result(1000).numel() == 1000  # torch's memory: the pool has no room
-    assert buffers._results.kept() == (0, 0, 0)
+    result = buffers.result(1000)  # torch's memory: the pool has no room
+    assert result.numel() == 1000
+    result.untyped_storage().resize_(2000)  # a pool's block refuses this (the last test)
 
 
 def test_at_most_max_blocks_are_lent_then_the_caller_falls_back():
@@ -74,16 +81,16 @@ def test_at_most_max_blocks_are_lent_then_the_caller_falls_back():
     held = []
     while (capsule := pool.lend(100)) is not None:
         held.append(torch.from_dlpack(capsule))
-    assert len(held) == pool.kept()[0] == pool.kept()[2] >= 2
+    assert len(held) == MAX_BLOCKS
     assert len({t.data_ptr() for t in held}) == len(held)
 
 
 def test_a_capsule_torch_never_took_gives_its_block_back():
     pool = _pool.Pool(1 << 20)
-    capsule = pool.lend(100)
-    assert pool.kept()[2] == 1
-    del capsule
-    assert pool.kept() == (1, 125, 0)
+    capsules = [pool.lend(100) for _ in range(MAX_BLOCKS)]
+    assert pool.lend(100) is None  # every block lent
+    del capsules
+    assert all(pool.lend(100) is not None for _ in range(MAX_BLOCKS))  # every block back
 
 
 def test_a_block_outlives_its_pool_while_a_tensor_holds_it():

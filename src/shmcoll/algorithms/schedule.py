@@ -49,9 +49,15 @@ def _unwrapped(base: int, step: int) -> int:
 def settle(arena, status: int, step: int, desc: int) -> None:
     """Act on a schedule's status: raise on a mismatch, or wait (slowly) until every rank reached ``step``."""
     if status == MISMATCH:
-        arena.check_same_collective(step, desc)  # raises, naming both collectives
-        raise AssertionError("the schedule reported a mismatch the arena does not see")
+        raise_mismatch(arena, step, desc)
     arena.wait_all(step)
+
+
+def raise_mismatch(arena, step: int, desc: int, lines: int | None = None) -> None:
+    """The error of a schedule (or a lane, on its ``lines``) that found a peer's ``step`` in another
+    collective: naming both collectives (``Arena.check_same_collective``)."""
+    arena.check_same_collective(step, desc, lines=lines)
+    raise AssertionError("a schedule reported a mismatch its control lines do not show")
 
 
 def _read_failed(arena, schedule, desc: int) -> ShmcollError:

@@ -87,4 +87,4 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
             log.info("single-copy transfers are not allowed between the ranks of this node, so large collectives "
                      "copy through shared memory: %s", verdict.refused)
         return OneNode(arena, rank, settings, policy, lanes.Lanes(arena, settings.thread_bytes), verdict)
-    return Nodes(store, rank, size, timeout, topo, arena, keys, settings)
+    return Nodes(store, rank, size, timeout, topo, arena, keys, policy, settings)

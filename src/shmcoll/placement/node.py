@@ -116,15 +116,17 @@ class OneNode(OnArena):
         (``single_copy_spans``), and on one thread (lanes, where a rank has several, split the copy path
         over them instead)."""
         span = self.single_copy_spans.get(kind)
-        if span is None or nbytes >= self.lanes.split_bytes:
+        if span is None or self._lanes_for(nbytes) > 1:
             return False
         least, most = span
         return least <= nbytes and (most is None or nbytes <= most)
 
     def _lanes_for(self, nbytes: int) -> int:
-        """``Lanes.how_many``: lanes for a message of ``nbytes`` per rank; below the split size without entering
-        the lanes' module (one module less on the path of every collective that runs on one lane)."""
-        return 1 if nbytes < self.lanes.split_bytes else self.lanes.how_many(nbytes)
+        """Lanes for a message of ``nbytes`` per rank, decided here alone: 1 below the lanes' ``split_bytes``,
+        else one per ``min_bytes``, at most their ``count``; a function of the size alone, as lanes must pair
+        across ranks."""
+        lanes = self.lanes
+        return 1 if nbytes < lanes.split_bytes else min(lanes.count, nbytes // lanes.min_bytes)
 
     def _single_copy_alltoall(self) -> bool:
         """Whether all_to_all reads the peers' buffers directly: at every size or none (its ranks' sizes differ,
@@ -147,11 +149,7 @@ class OneNode(OnArena):
 
     def one_shot(self, tensor: torch.Tensor, count: int, red: ops.Reduction, desc: int) -> None:
         """The small all-reduce path: a contiguous, non-empty tensor of at most ``one_shot_bytes``."""
-        itemsize = red.dtype.numpy.itemsize
-        if count * itemsize < self.lanes.split_bytes:  # the 8-byte call: no function call more than it needs
-            return allreduce.one_shot(self.arena, tensor.data_ptr(), count, itemsize, red.kernel, red.op.kernel,
-                                      red.scale, desc)
-        self._one_shot(tensor.data_ptr(), count, itemsize, red, desc)
+        self._one_shot(tensor.data_ptr(), count, red.dtype.numpy.itemsize, red, desc)
 
     def _one_shot(self, addr: int, count: int, itemsize: int, red: ops.Reduction, desc: int) -> None:
         lanes = self._lanes_for(count * itemsize)

@@ -77,11 +77,12 @@ class Nodes(OnArena):
     inline_async_bytes = 0  # every collective waits for the network: an asynchronous one always overlaps
     failure = None  # what made a point-to-point message fail, once one has
 
-    def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str, settings):
-        """``arena``: this rank's node arena (open_node_arena, with the waits of ``waits.policy`` across
+    def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str, waits, settings):
+        """``arena``: this rank's node arena (open_node_arena, with ``waits``, the ``waits.Policy`` across
         nodes), None when its node is itself alone."""
         self.rank, self.size = rank, size
         self.arena = arena
+        self.waits = waits
         self.shape = Shape(rank, size, topo, arena, settings)
         self.links = Links(store, keys, self.shape, timeout)
         self.alltoall_agreed = _alltoall.Agreed()
@@ -166,12 +167,14 @@ class Nodes(OnArena):
         shape = self.shape
         lines = [f"  nodes: {shape.nodes}; this node's arena: "
                  + (f"{self.arena.segment.size / 2**20:.1f} MiB" if self.arena is not None else "none (alone)"),
-                 f"  across nodes: all_reduce up to {shape.small_bytes} B between the nodes' leaders, larger on "
-                 f"every rail; all_gather, reduce_scatter, gather, scatter, all_to_all on the rails"
-                 + ("" if shape.uniform else " (nodes of unequal size: on one Gloo group over all ranks)")
+                 f"  across nodes: collectives of up to {shape.small_bytes} B (the whole message) cross in the "
+                 f"fewest rounds, through the leaders or one rank per node; larger ones on every rail, "
+                 f"all_to_all straight between ranks"
+                 + ("" if shape.uniform else "; nodes of unequal size: reductions by the small plans, all_gather, "
+                    "reduce_scatter, gather and scatter on one Gloo group over all ranks")
                  + "; point-to-point on one Gloo group over all ranks"]
         if self.arena is not None:
-            lines.append("  waits: futex sleep at once (every collective crosses the network)")
+            lines.append(self.waits.describe())
         return lines
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ def allreduce(shape, links, tensor: torch.Tensor, red: ops.Reduction, desc: int)
         return barrier(shape, links, desc)
     work = staged(values)
     flat = work.view(-1)
-    if not shape.uniform or shape.small(flat.nbytes):
+    if shape.reduces_small(flat.nbytes):
         by_leaders(shape, links, flat, red, desc)
     else:
         on_rails(shape, links, flat, red, desc)

@@ -154,13 +154,14 @@ def _through_leaders(shape, links, agreed, sends, recvs, desc: int) -> bool:
     the same verdict, and, for a small one, exchange the data; one node scatter brings each rank the
     verdict and, for a small one, its blocks.
     """
+    # A small one's blocks ride in the rows: room for the most a small one sends (``Shape.small``).
     size, L, me, cap = shape.size, shape.local_size, shape.local_rank, shape.small_bytes
     head = 2 * size * _INT64
     sizes = _sizes(sends, recvs)
     sent = sum(sizes[:size])
     row = np.zeros(head + cap, dtype=np.uint8)
     row[:head].view(np.int64)[:] = sizes
-    if sent <= cap:
+    if shape.small(sent):
         np.concatenate([t.numpy() for t in sends], out=row[head:head + sent])
     rows = np.empty((L, row.size), dtype=np.uint8) if me == 0 else None
     stages.gather(shape, row.ctypes.data, row.size, 0, [r.ctypes.data for r in rows] if me == 0 else [], desc)
@@ -223,7 +224,7 @@ def _as_leader(shape, links, agreed, rows: np.ndarray, replies: np.ndarray, cap:
     totals = table[:, :size].sum(axis=1)
     room = agreed.room or _FIRST_ROOM
     others = [m for m in range(N) if m != node]
-    flag = (_NO_DATA if (totals > cap).any() else
+    flag = (_NO_DATA if not all(shape.small(int(total)) for total in totals) else
             _DATA_INLINE if _widest(table[:, :size], local, shape) <= room else _DATA_FOLLOWS)
     starts = head + np.cumsum(table[:, :size], axis=1) - table[:, :size]  # of each block, in its row
 
@@ -268,7 +269,7 @@ def _as_leader(shape, links, agreed, rows: np.ndarray, replies: np.ndarray, cap:
     if len(bad):
         a, b = (int(x) for x in bad[0])
         verdict = verdict._replace(wrong=a + 1, receiver=b, sent=int(sends[a, b]), expected=int(expects[b, a]))
-    small = all(f != _NO_DATA for f in flags.values()) and (expects.sum(axis=1) <= cap).all()
+    small = all(f != _NO_DATA for f in flags.values()) and shape.small(int(expects.sum(axis=1).max()))
     previous, agreed.table = agreed.table, None if len(bad) else sends
     verdict = verdict._replace(repeat=int(not len(bad) and not small and previous is not None
                                           and np.array_equal(previous, sends)))

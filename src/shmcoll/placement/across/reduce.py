@@ -29,7 +29,7 @@ def reduce(shape, links, tensor: torch.Tensor, root: int, red: ops.Reduction, de
     # Only the root's tensor receives the result; the others' must stay as they were.
     work = staged(values) if shape.rank == root else values.clone(memory_format=torch.contiguous_format)
     flat = work.view(-1)
-    if not shape.uniform or shape.small(flat.nbytes):
+    if shape.reduces_small(flat.nbytes):
         _by_entry(shape, links, flat, root_node, root_local, red, desc)
     else:
         _on_rails(shape, links, flat, root_node, root_local, red, desc)

@@ -47,6 +47,11 @@ class Shape:
         an all_to_all, the tensor of the others), is at most SHMCOLL_SMALL_BYTES."""
         return message_bytes <= self.small_bytes
 
+    def reduces_small(self, message_bytes: int) -> bool:
+        """Whether all_reduce and reduce take their small plan: a small message, or nodes of unequal size
+        (they have no rails that carry equal shares)."""
+        return not self.uniform or self.small(message_bytes)
+
     def rank_of(self, node: int, local_rank: int) -> int:
         return self.nodes[node][local_rank]
 
