@@ -127,7 +127,8 @@ class Collectives:
 
     def _start(self, desc: int) -> None:
         """Make ``desc`` the collective in progress (named in errors and DEBUG logs), if the group is usable."""
-        self._check_usable()
+        if self._error is not None:  # (a call less on every collective's path)
+            self._check_usable()
         self._seq += 1
         self._desc = desc
         if _log.isEnabledFor(logging.DEBUG):

@@ -26,10 +26,11 @@ def one_shot(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, 
     """Everyone publishes its whole input (at most one slot), then reduces all slots into its output."""
     step = arena.begin_write()
     status = arena.schedule.one_shot(step & STEP_MASK, desc, addr, count, itemsize, kernel, op, scale, False)
-    arena.record_schedule(step)
-    while status != DONE:
-        schedule.settle(arena, status, step, desc)
-        status = arena.schedule.one_shot(step & STEP_MASK, desc, addr, count, itemsize, kernel, op, scale, True)
+    if status != DONE:  # a wait outlasted its slice, or a peer is in another collective
+        arena.record_schedule(step)
+        while status != DONE:
+            schedule.settle(arena, status, step, desc)
+            status = arena.schedule.one_shot(step & STEP_MASK, desc, addr, count, itemsize, kernel, op, scale, True)
     arena.record_schedule(step, step)
 
 

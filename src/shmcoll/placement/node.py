@@ -142,16 +142,15 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         work = staged(flat)
         if count * itemsize <= self.one_shot_bytes:
-            self._one_shot(work.data_ptr(), count, itemsize, red, desc)
+            self.one_shot(work, count, red, desc)
         else:
             self._chunked(work, red, desc)
         unstage(flat, work)
 
     def one_shot(self, tensor: torch.Tensor, count: int, red: ops.Reduction, desc: int) -> None:
-        """The small all-reduce path: a contiguous, non-empty tensor of at most ``one_shot_bytes``."""
-        self._one_shot(tensor.data_ptr(), count, red.dtype.numpy.itemsize, red, desc)
-
-    def _one_shot(self, addr: int, count: int, itemsize: int, red: ops.Reduction, desc: int) -> None:
+        """All-reduce in one step: ``tensor`` contiguous, ``count`` (> 0) elements of ``red``'s dtype, at most
+        ``one_shot_bytes``; the surface's small all-reduce path calls it directly."""
+        addr, itemsize = tensor.data_ptr(), red.dtype.numpy.itemsize
         lanes = self._lanes_for(count * itemsize)
         if lanes > 1:
             return self.lanes.run(_lanes.ONE_SHOT, lanes, desc, count, itemsize, addr, kernel=red.kernel,
