@@ -8,16 +8,7 @@ cimport arch
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
-# A control line (one per rank, 128 bytes): the step word (uint32) at 0, the count of its sleepers at 4,
-# four descriptor slots (uint64, step % 4) from 8, the rank's pid (int32) at 48, the CPU it last waited on
-# where ranks outnumber cores (uint32) at 52, and four buffer-address slots (uint64, step % 4; single copy)
-# from 56 to 88.
-cdef enum:
-    _LINE = 128
-    _DESC = 8
-    _PID = 48
-    _CPU = 52
-    _ADDRESS = 56
+from schedule cimport _LINE, _DESC, _PID, _CPU, _ADDRESS  # the control line's layout
 
 
 cdef inline uint32_t *_step_word(uintptr_t lines, int rank) noexcept nogil:

@@ -1,7 +1,20 @@
-# Declarations shared by the C schedules (schedules.pyx and its .pxi files, single_copy.pyx): the kernels'
-# type, the status codes a schedule returns, and one rank's constants and step bookkeeping over one set of
-# control lines (the arena's own, or one lane's).
+# Declarations shared by the C schedules (schedules.pyx and its .pxi files, single_copy.pyx, and sync.pyx's
+# waits through lines.pxi): the control line's layout, the kernels' type, the status codes a schedule
+# returns, and one rank's constants and step bookkeeping over one set of control lines (the arena's own, or
+# one lane's). Step numbers are uint32 words in C, so their arithmetic wraps by itself (Python masks them:
+# waits.STEP_MASK).
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
+
+# A control line (one per rank, 128 bytes): the step word (uint32) at 0, the count of its sleepers at 4,
+# four descriptor slots (uint64, step % 4) from 8, the rank's pid (int32) at 48, the CPU it last waited on
+# where ranks outnumber cores (uint32) at 52, and four buffer-address slots (uint64, step % 4; single copy)
+# from 56 to 88.
+cdef enum:
+    _LINE = 128
+    _DESC = 8
+    _PID = 48
+    _CPU = 52
+    _ADDRESS = 56
 
 # A reduction kernel (shmcoll.kernel_abi), called by address without the GIL:
 # out = first op rows[0] op ... op rows[nrows - 1], n elements each, rows row_stride elements apart.
@@ -19,7 +32,7 @@ cdef enum:
 
 # One rank's view of one sequence of steps and the buffers it owns.
 ctypedef struct sched_t:
-    uintptr_t lines  # one control line per local rank (lines.pxi has the line's layout)
+    uintptr_t lines  # one control line per local rank (its layout above)
     uintptr_t data  # slot r of buffer b at data + b * buffer_bytes + r * stride
     uintptr_t scratch  # chunk_bytes private to this rank
     int me, size

@@ -33,7 +33,7 @@ cdef extern from "<errno.h>" nogil:
     int errno
     int ESRCH
 
-# The control line's layout (lines.pxi), for the arena's Python side.
+# The control line's layout (schedule.pxd), for the arena's Python side.
 LINE_BYTES = _LINE
 PID_OFFSET = _PID
 

@@ -50,7 +50,7 @@ HEADER_BYTES = 256
 # that maps the segment checks it against what it derived itself (``_check_header``).
 MAGIC_WORD, LOCAL_SIZE_WORD, CHUNK_WORD, P2P_WORD, SIZE_WORD, LANES_WORD = 0, 1, 2, 4, 5, 6
 LINE_BYTES = _sync.LINE_BYTES
-PID_OFFSET = _sync.PID_OFFSET  # of a rank's pid in its control line (_ext/lines.pxi has the line's layout)
+PID_OFFSET = _sync.PID_OFFSET  # of a rank's pid in its control line (_ext/schedule.pxd has the line's layout)
 ABANDONED_WORD = 3  # uint64 of the header: 1 + the group rank that gave up mid-collective, else 0
 PAGE = 4096
 NAME_PREFIX = "shmcoll-"

@@ -157,7 +157,7 @@ def _pinned_lines(tag):
         seg.close()
 
 
-CPU_OFFSET = constant("lines.pxi", "_CPU")  # of the CPU a rank last waited on, in its control line
+CPU_OFFSET = constant("schedule.pxd", "_CPU")  # of the CPU a rank last waited on, in its control line
 
 
 def _cpu_word(rank):
