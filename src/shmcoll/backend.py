@@ -156,15 +156,9 @@ class Collectives:
         what this rank brings to it, if one number says (an asynchronous call that small runs inline);
         ``inputs``: its input tensors, for the profiler (default: ``result``)."""
         inputs = result if inputs is None else inputs
-        if not self._engine.busy():
-            # Nothing queued (torch's wrappers, as the small all-reduce path assumes, issue from one
-            # thread): a synchronous call runs here, without the engine's hand-off and lock, 1-2 us of an
-            # all_gather that single copy finishes in 4; so does an asynchronous one too small for the
-            # overlap to pay for the hand-off (``inline_async_bytes``).
-            if not _is_async(opts):
-                return self._now(desc, body, result, inputs)
-            if nbytes is not None and nbytes <= self._inline_async_bytes:
-                return self._now_async(desc, body, result, inputs)
+        now = self._inline(_is_async(opts), nbytes)
+        if now is not None:
+            return now(desc, body, result, inputs)
         event = profiling.start(desc, inputs, self._size)  # on this thread: see profiling
         ran = []
 
@@ -186,6 +180,19 @@ class Collectives:
             if not ran:  # refused (the group was shut down): its event ends here
                 profiling.end(event)
             raise
+
+    def _inline(self, async_op: bool, nbytes: int | None):
+        """How a call runs on the issuing thread, if it does: ``_now`` or ``_now_async``; None: in the engine.
+
+        Only with nothing queued (torch's wrappers, as the fast paths assume, issue from one thread). A
+        synchronous call then runs here, without the engine's hand-off and lock (1-2 us of an all_gather
+        that single copy finishes in 4); so does an asynchronous one of at most ``inline_async_bytes``
+        (``nbytes``: what this rank brings; None: unknown), too small for overlap to pay for the hand-off."""
+        if self._engine.busy():
+            return None
+        if not async_op:
+            return self._now
+        return self._now_async if nbytes is not None and nbytes <= self._inline_async_bytes else None
 
     def _now(self, desc: int, body, result, inputs=None):
         """Run ``body()`` as collective ``desc`` here and now (synchronous, nothing queued); its Work."""
@@ -221,7 +228,7 @@ class Collectives:
         # own all_reduce wrapper about six; every check below is a measurable share
         # of the rest, hence a path of its own for the common case: one contiguous,
         # plain CPU tensor of an (op, dtype) admitted before, a synchronous (or small)
-        # call, nothing in flight (``_fast``). It needs no checks (those conditions are
+        # call, nothing in flight (``_inline``). It needs no checks (those conditions are
         # what they check), no plan and no packing of the descriptor (both kept from
         # the first call); a small tensor takes the placement's one-shot exchange, a
         # larger one its all-reduce, the same one the general path runs.
@@ -229,10 +236,10 @@ class Collectives:
             tensor = tensors[0]
             if _plain(tensor) and tensor.is_contiguous():
                 count = tensor.numel()
-                fast = self._fast(descriptors.ALLREDUCE, tensor.dtype, hash(opts.reduceOp), opts.asyncOp,
-                                  count * tensor.itemsize)
-                if fast is not None and 0 < count <= descriptors.COUNT_MAX:
-                    now, (desc_base, red, one_shot_count) = fast
+                plan = self._fast_plans.get((descriptors.ALLREDUCE, tensor.dtype, hash(opts.reduceOp)))
+                now = None if plan is None else self._inline(opts.asyncOp, count * tensor.itemsize)
+                if now is not None and 0 < count <= descriptors.COUNT_MAX:
+                    desc_base, red, one_shot_count = plan
                     desc = desc_base | count << descriptors.COUNT_SHIFT
                     if count <= one_shot_count:
                         return now(desc, lambda: self._placement.one_shot(tensor, count, red, desc), tensors)
@@ -240,24 +247,13 @@ class Collectives:
                     return now(desc, lambda: self._placement.allreduce(tensor, red, desc), tensors)
         return self._allreduce(tensors, opts)
 
-    def _fast(self, kind: int, dtype, which: int, async_op: bool, nbytes: int):
-        """Whether a call may take its collective's fast path, and how: (run, its ``_FastPlan``), where
-        ``run`` is ``_now`` (synchronous) or ``_now_async`` (asynchronous, too small to overlap), or None
-        (the general path). The call's (``kind``, ``dtype``, ``which``: op value or root) must have been
-        admitted (``_admit``) and nothing may be in flight; the caller checks its tensors' own conditions
-        (plain, contiguous, sizes that agree)."""
-        plan = self._fast_plans.get((kind, dtype, which))
-        if plan is None or self._engine.busy():
-            return None
-        if not async_op:
-            return self._now, plan
-        return (self._now_async, plan) if nbytes <= self._inline_async_bytes else None
-
     def _admit(self, kind: int, dtype, desc: int, redop=None, red: ops.Reduction | None = None, root: int = 0):
         """Let later calls of ``kind`` on ``dtype`` (with ``redop``, or from ``root``) take the fast path, whose
         descriptor is ``desc``'s but for the count: the one place that decides it, for every collective that
         has one. Not reductions whose plan needs something per call or after it (``Reduction.fixed``), nor
-        movements of a dtype without an element code (``desc`` counts bytes)."""
+        movements of a dtype without an element code (``desc`` counts bytes). A fast path takes a call whose
+        (kind, dtype, op value or root) is in ``_fast_plans`` and that runs inline (``_inline``), once its
+        tensors meet the path's own conditions (plain, contiguous, sizes that agree)."""
         if red is not None:
             if not (red.fixed and self._reductions_fast):
                 return
@@ -342,11 +338,11 @@ class Collectives:
         # whose plan needs nothing per call or after it (``Reduction.fixed``), nothing in flight. Any placement.
         if type(opts) is _ReduceScatterOptions and _plain(output) and _plain(input) and input.is_contiguous():
             count = output.numel()
-            fast = self._fast(descriptors.REDUCE_SCATTER, output.dtype, hash(opts.reduceOp), opts.asyncOp,
-                              input.nbytes)
-            if (fast is not None and input.dtype is output.dtype and input.numel() == count * self._size
+            plan = self._fast_plans.get((descriptors.REDUCE_SCATTER, output.dtype, hash(opts.reduceOp)))
+            now = None if plan is None else self._inline(opts.asyncOp, input.nbytes)
+            if (now is not None and input.dtype is output.dtype and input.numel() == count * self._size
                     and count <= descriptors.COUNT_MAX):
-                now, (base, red, _) = fast
+                base, red, _ = plan
                 desc = base | count << descriptors.COUNT_SHIFT
                 return now(desc, lambda: self._placement.reduce_scatter(output, input, red, desc), [output], [input])
         checks.gathered(input, output, self._size, "reduce_scatter_tensor", "input", "output")
@@ -393,10 +389,10 @@ class Collectives:
             tensor = tensors[0]
             if _plain(tensor):
                 root, count = opts.rootRank, tensor.numel()
-                fast = self._fast(descriptors.BROADCAST, tensor.dtype, root, opts.asyncOp, tensor.nbytes)
-                if fast is not None and count <= descriptors.COUNT_MAX:
-                    now, (base, _, _) = fast
-                    desc = base | count << descriptors.COUNT_SHIFT
+                plan = self._fast_plans.get((descriptors.BROADCAST, tensor.dtype, root))
+                now = None if plan is None else self._inline(opts.asyncOp, tensor.nbytes)
+                if now is not None and count <= descriptors.COUNT_MAX:
+                    desc = plan.desc_base | count << descriptors.COUNT_SHIFT
                     return now(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor])
         tensor = checks.one_tensor(tensors, "broadcast")
         root = checks.root(opts.rootRank if opts is not None else 0, self._size, "broadcast")
@@ -416,11 +412,11 @@ class Collectives:
         # plain tensors of a dtype met before, a synchronous (or small) call, nothing in flight. Any placement.
         if type(opts) is _AllgatherOptions and _plain(input) and _plain(output):
             count = input.numel()
-            fast = self._fast(descriptors.ALLGATHER, input.dtype, 0, opts.asyncOp, input.nbytes)
-            if (fast is not None and output.dtype is input.dtype and output.numel() == count * self._size
+            plan = self._fast_plans.get((descriptors.ALLGATHER, input.dtype, 0))
+            now = None if plan is None else self._inline(opts.asyncOp, input.nbytes)
+            if (now is not None and output.dtype is input.dtype and output.numel() == count * self._size
                     and count <= descriptors.COUNT_MAX):
-                now, (base, _, _) = fast
-                desc = base | count << descriptors.COUNT_SHIFT
+                desc = plan.desc_base | count << descriptors.COUNT_SHIFT
                 return now(desc, lambda: self._placement.allgather_into(output, input, desc), [output], [input])
         checks.gathered(output, input, self._size, "all_gather_into_tensor", "output", "input")
         desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(input))

@@ -32,17 +32,19 @@ def start(desc: int, inputs, group_size: int):
     if not _profiler_enabled():
         return None
     kind, what = descriptors.fields(desc)
-    event = _RecordFunctionFast(_NAMES[kind], list(inputs), {**what, "Group size": group_size})
-    event.__enter__()
-    return event
+    return _begin(_NAMES[kind], list(inputs), {**what, "Group size": group_size})
 
 
 def start_p2p(kind: str, tensor, peer: int | None, tag: int, group_size: int):
     """The event of a point-to-point call (``kind``: "send" or "recv"); None when no profiler is active."""
     if not _profiler_enabled():
         return None
-    event = _RecordFunctionFast(f"shm:{kind}", [tensor], {"Peer": -1 if peer is None else peer, "Tag": tag,
-                                                          "Group size": group_size})
+    return _begin(f"shm:{kind}", [tensor], {"Peer": -1 if peer is None else peer, "Tag": tag,
+                                            "Group size": group_size})
+
+
+def _begin(name: str, inputs: list, metadata: dict):
+    event = _RecordFunctionFast(name, inputs, metadata)
     event.__enter__()
     return event
 

@@ -7,8 +7,8 @@ Both reduce the L contributions in rank order (row 0 first), so every rank,
 and both algorithms, produce bitwise identical results.
 """
 from shmcoll._schedules import DONE
-from shmcoll.waits import STEP_MASK
 from shmcoll.algorithms import schedule
+from shmcoll.waits import STEP_MASK
 
 # The one-shot's reads grow with the ranks (each reads every rank's input) while the chunked schedule's do not:
 # beyond 4 ranks its limit falls with the square of the ranks (an estimate from 2 x 8 to 16 x 1 ranks on 16 cores,

@@ -18,7 +18,6 @@ from shmcoll.errors import ShmcollError
 from shmcoll.waits import STEP_MASK
 
 
-
 def run(arena, schedule, desc: int, call, sizes_error=None) -> None:
     """Run ``call(base, resume)`` (one call into ``schedule``, one of the arena's) to the end.
 

@@ -92,7 +92,8 @@ class OneNode(OnArena):
 
     # An asynchronous collective of at most this many bytes per rank runs inline, as a synchronous one does:
     # handing it to the progress thread and waking the caller's wait cost 100-200 us on the 2-core VM, more
-    # than a 256 KiB all-reduce takes (45 us), so overlap could not pay for it (BENCHMARKS.md, "Asynchronous and functional calls").
+    # than a 256 KiB all-reduce takes (45 us), so overlap could not pay for it (BENCHMARKS.md, "Asynchronous
+    # and functional calls").
     inline_async_bytes = 256 << 10
 
     def __init__(self, arena, rank: int, settings, waits, lanes, single_copy):
