@@ -21,8 +21,8 @@ def _lend(pool, nbytes):
 
 
 def test_a_block_comes_back_when_the_last_view_is_freed():
-    pool = _pool.Pool(1 << 20)
-    block = _lend(pool, 1000)
+    pool = _pool.Pool(10_000)
+    block = _lend(pool, 1000)  # 1250 kept (a quarter's room to grow)
     address = block.data_ptr()
     assert block.shape == (1000,) and block.dtype == torch.uint8 and address % 64 == 0
     values = block[64:].view(torch.float32)
@@ -30,7 +30,10 @@ def test_a_block_comes_back_when_the_last_view_is_freed():
     again = _lend(pool, 1000)
     assert again.data_ptr() != address  # the view still holds the first block
     del values
-    assert _lend(pool, 900).data_ptr() == address  # the freed block, not a new one
+    small = _lend(pool, 100)
+    assert small.data_ptr() == address  # the freed block, the smallest that holds 100
+    # ... kept, not dropped for a new one that malloc placed there: 1250 + 1250 + 7625 would pass the limit.
+    assert pool.lend(6100) is None
 
 
 def test_a_held_result_keeps_its_data():
@@ -45,13 +48,15 @@ def test_a_held_result_keeps_its_data():
 
 
 def test_a_block_freed_on_another_thread_comes_back():
-    pool = _pool.Pool(1 << 20)
-    box = [_lend(pool, 512)]
+    pool = _pool.Pool(10_000)
+    box = [_lend(pool, 512)]  # 640 kept
     address = box[0].data_ptr()
     thread = threading.Thread(target=box.clear)
     thread.start()
     thread.join()
-    assert _lend(pool, 512).data_ptr() == address
+    small = _lend(pool, 100)
+    assert small.data_ptr() == address
+    assert pool.lend(7500) is None  # 640 + 9375 would pass the limit: the block is the pool's, not a new one
 
 
 def test_the_limit_bounds_what_is_kept_and_the_caller_falls_back():
@@ -63,6 +68,7 @@ def test_the_limit_bounds_what_is_kept_and_the_caller_falls_back():
     del first
     again = _lend(pool, 5500)  # the free block, whole
     assert again.data_ptr() == address
+    assert pool.lend(3000) is not None  # 5500 + 3750 fits; beside a new block of 6875 it would not
     del again
     grown = _lend(pool, 6000)  # too large for the free block: dropped for one of 7500, which fits beside nothing
     assert grown.numel() == 6000
