@@ -59,6 +59,7 @@ ctypedef struct job_t:
     uintptr_t addr, out
     Py_ssize_t itemsize  # bytes of the items lo and hi count (1 for the kinds that move bytes)
     Py_ssize_t block_stride  # reduce-scatter: items from one block to the next
+    bint direct  # reduce-scatter: the output is apart from the input (reduce_scatter.pxi)
     Py_ssize_t out_stride  # all-gather: bytes from one rank's block of the output to the next
     kernel_t kernel
     int64_t op
@@ -117,7 +118,8 @@ cdef Py_ssize_t _call(job_t *job, lane_t *lane, Py_ssize_t resume) noexcept nogi
         return chunked(s, lane.base, job.desc, addr, n, <int>size, job.kernel, job.op, job.scale, job.root, resume)
     if job.kind == KIND_REDUCE_SCATTER:
         return reduce_scatter(s, lane.base, job.desc, addr, n, job.block_stride, <int>size,
-                              <char *>(job.out + lane.lo * size), job.kernel, job.op, job.scale, resume)
+                              <char *>(job.out + lane.lo * size), job.direct, job.kernel, job.op, job.scale,
+                              resume)
     if job.kind == KIND_ALLGATHER:
         return allgather(s, lane.base, job.desc, addr, n, <char *>(job.out + lane.lo), job.out_stride, resume)
     return broadcast(s, lane.base, job.desc, addr, n, job.root, resume)
@@ -296,6 +298,8 @@ cdef class Pool:
         pool.job.kind, pool.job.desc, pool.job.addr, pool.job.out = kind, desc, addr, out
         pool.job.itemsize, pool.job.block_stride, pool.job.out_stride = itemsize, block_stride, out_stride
         pool.job.kernel, pool.job.op, pool.job.scale, pool.job.root = <kernel_t>kernel, op, scale, root
+        pool.job.direct = apart(out, count * itemsize, addr,
+                                ((pool.lanes[0].s.size - 1) * block_stride + count) * itemsize)
         for j in range(self.count):
             lane = pool.lanes[j]
             if j < lanes:

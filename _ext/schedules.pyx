@@ -101,7 +101,9 @@ cdef class Schedule:
         cdef Py_ssize_t status
         with nogil:
             status = reduce_scatter(&self.s, base, desc, <char *>addr, block_count, block_stride, itemsize,
-                                    <char *>out, <kernel_t>kernel, op, scale, resume)
+                                    <char *>out, apart(out, block_count * itemsize, addr,
+                                                       ((self.s.size - 1) * block_stride + block_count) * itemsize),
+                                    <kernel_t>kernel, op, scale, resume)
         return status
 
     def allgather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, uintptr_t out,

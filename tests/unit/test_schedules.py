@@ -205,6 +205,7 @@ def test_lanes_give_one_threads_bits(size, lane_counts, monkeypatch):
         out = {"ar": [x[:count].copy() for x in inputs], "red": [x[:count].copy() for x in inputs],
                "os": [x[:CHUNK // 4].copy() for x in inputs],
                "rs": [np.zeros(count, np.float32) for _ in range(size)],
+               "rs_in_place": [x.copy() for x in inputs],  # rank r's output: block r of its input
                "ag": [np.zeros(size * count * 4, np.uint8) for _ in range(size)],
                "bc": [x[:count].copy() for x in inputs]}
 
@@ -232,6 +233,11 @@ def test_lanes_give_one_threads_bits(size, lane_counts, monkeypatch):
             run(L.REDUCE_SCATTER, 9, count, 4, src, lambda: reduce_scatter.reduce_scatter(
                 arena, src, count, 4, entry, kernels.SUM, 1.0, dst, 9, block_stride=count), out=dst,
                 block_stride=count, kernel=entry, op=kernels.SUM)
+            whole = out["rs_in_place"][rank].ctypes.data
+            own = whole + rank * count * 4
+            run(L.REDUCE_SCATTER, 13, count, 4, whole, lambda: reduce_scatter.reduce_scatter(
+                arena, whole, count, 4, entry, kernels.SUM, 1.0, own, 13, block_stride=count), out=own,
+                block_stride=count, kernel=entry, op=kernels.SUM)
             g = out["ag"][rank].ctypes.data
             run(L.ALLGATHER, 10, count * 4, 1, src, lambda: allgather.allgather_strided(
                 arena, src, count * 4, g, count * 4, 10), out=g, out_stride=count * 4)
@@ -248,6 +254,9 @@ def test_lanes_give_one_threads_bits(size, lane_counts, monkeypatch):
         np.testing.assert_allclose(results[1]["red"][1], expected_sum, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(results[1]["os"][r], expected_sum[:CHUNK // 4], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(results[1]["rs"][r], expected_rs[r], rtol=1e-5, atol=1e-5)
+        in_place = results[1]["rs_in_place"][r].reshape(size, count)
+        assert in_place[r].tobytes() == results[1]["rs"][r].tobytes()
+        assert np.array_equal(np.delete(in_place, r, axis=0), np.delete(inputs[r].reshape(size, count), r, axis=0))
         assert results[1]["ag"][r].tobytes() == b"".join(x[:count].tobytes() for x in inputs)
         bc = inputs[0][:count].copy()
         bc[:3] = np.max(stacked[:, :3], axis=0)
