@@ -32,6 +32,7 @@ import os
 import time
 
 from shmcoll import _schedules, _sync, descriptors, waits
+from shmcoll.arena import lane_bytes
 from shmcoll.algorithms.schedule import raise_mismatch
 from shmcoll.errors import ShmcollError
 from shmcoll.waits import reached
@@ -40,6 +41,8 @@ from shmcoll.waits import reached
 ONE_SHOT, CHUNKED, REDUCE_SCATTER, ALLGATHER, BROADCAST = (
     _schedules.ONE_SHOT, _schedules.CHUNKED, _schedules.REDUCE_SCATTER, _schedules.ALLGATHER, _schedules.BROADCAST)
 _FINAL = (_schedules.DONE, _schedules.MISMATCH, _schedules.CANCELLED)
+# Each lane's stretch of a message starts on a cache line, so a lane may get up to this much beyond an even share.
+ALIGN_BYTES = 64
 
 
 def agree(store, keys: str, rank: int, local_ranks: list[int], wanted: int, explicit: bool) -> int:
@@ -73,6 +76,8 @@ class Lanes:
         # The least message (bytes per rank) that runs on two lanes or more. Below it the placement runs the
         # schedule on the arena itself, on the caller's thread, without a call into this module.
         self.split_bytes = 2 * min_bytes if self.count > 1 else float("inf")
+        # The most an even share of a message may hold so that every lane's stretch fits its slots.
+        self.share_bytes = lane_bytes(arena.chunk_bytes) - ALIGN_BYTES if self.count > 1 else 0
         self._pool = None  # started by the first collective that splits (a group may never need its threads)
         self._lines: list[int] = []
 
@@ -88,7 +93,7 @@ class Lanes:
             self._pool = _schedules.Pool(schedules, waits.lane_idle_spin_ns(arena.lanes_oversubscribe))
         fence = arena.next_step()
         arena.post(fence, desc)  # see the module's docstring
-        align = max(1, 64 // itemsize)
+        align = max(1, ALIGN_BYTES // itemsize)
         if not self._pool.start(kind, lanes, desc, addr, out, count, itemsize, align, block_stride, out_stride,
                                 kernel, op, scale, root):
             self._settle(lanes, fence, desc)

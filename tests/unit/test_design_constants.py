@@ -66,7 +66,7 @@ def _budgets(local_size: int) -> waits.Budgets:
 
 def _lanes_split() -> float:
     """The least message that runs on several lanes, in SHMCOLL_THREAD_BYTES."""
-    split = lanes.Lanes(SimpleNamespace(lane_count=2), DEFAULTS.thread_bytes).split_bytes
+    split = lanes.Lanes(SimpleNamespace(lane_count=2, chunk_bytes=DEFAULTS.chunk_bytes), DEFAULTS.thread_bytes).split_bytes
     return split / DEFAULTS.thread_bytes
 
 
@@ -211,6 +211,31 @@ def test_inline_async_bytes_across_nodes_and_on_one_rank():
 def test_the_one_shot_limit_is_within_one_slot():
     assert "within one slot and within" in design_text()
     assert allreduce.one_shot_limit(1 << 30, 4096, 2) == 4096  # the smallest slot SHMCOLL_CHUNK_BYTES allows
+
+
+@pytest.mark.parametrize("small, chunk, thread_bytes", [
+    (DEFAULTS.small_bytes, DEFAULTS.chunk_bytes, DEFAULTS.thread_bytes),
+    (1 << 30, 4096, 4096), (1 << 30, 65536, 16384), (8192, 1 << 20, 4096), (1 << 20, 1 << 20, 4096)])
+def test_every_one_shot_over_lanes_fits_its_slots(small, chunk, thread_bytes):
+    """Every all-reduce up to the one-shot limit fits the slots it runs in: one slot of the arena's on one
+    lane, each lane's stretch (as _schedules.Pool.start cuts it) in that lane's slot on several; and with the
+    defaults, lanes raise the limit at 2 ranks."""
+    from shmcoll.placement.node import OneNode
+
+    for ranks in (2, 3, 4, 8, 16):
+        for count in (2, 3, 4, 8, 16):
+            pool = lanes.Lanes(SimpleNamespace(lane_count=count, chunk_bytes=chunk), thread_bytes)
+            limit = allreduce.one_shot_limit(small, chunk, ranks, count, pool.split_bytes, pool.share_bytes)
+            for nbytes in range(1, limit + 1, 61):
+                n = OneNode._lanes_for(SimpleNamespace(lanes=pool), nbytes)
+                if n == 1:
+                    assert nbytes <= chunk, (ranks, count, nbytes)
+                    continue
+                cuts = [nbytes * j // n // lanes.ALIGN_BYTES * lanes.ALIGN_BYTES for j in range(n)] + [nbytes]
+                assert max(b - a for a, b in zip(cuts, cuts[1:])) <= arena.lane_bytes(chunk), (ranks, count, nbytes)
+    pool = lanes.Lanes(SimpleNamespace(lane_count=8, chunk_bytes=DEFAULTS.chunk_bytes), DEFAULTS.thread_bytes)
+    assert allreduce.one_shot_limit(DEFAULTS.small_bytes, DEFAULTS.chunk_bytes, 2, 8, pool.split_bytes,
+                                    pool.share_bytes) == 8 * DEFAULTS.small_bytes
 
 
 def _mib(ranks: int, threads: int = 1) -> float:

@@ -101,8 +101,9 @@ class OneNode(OnArena):
         self.rank = rank
         self.waits = waits  # waits.Policy
         self.lanes = lanes  # large collectives over several threads (shmcoll.lanes)
-        # All-reduces up to this size exchange everything in one step (one slot per rank).
-        self.one_shot_bytes = allreduce.one_shot_limit(settings.small_bytes, arena.chunk_bytes, arena.local_size)
+        # All-reduces up to this size exchange everything in one step (one slot per rank, or per rank and lane).
+        self.one_shot_bytes = allreduce.one_shot_limit(settings.small_bytes, arena.chunk_bytes, arena.local_size,
+                                                       lanes.count, lanes.split_bytes, lanes.share_bytes)
         self.settings = settings
         self.nodes = [arena.ranks]
         self.single_copy = single_copy  # the node's single_copy.Verdict
