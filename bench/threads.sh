@@ -10,7 +10,8 @@
 #            shm-vs-Gloo sweep of all_reduce, all_gather_into_tensor, reduce_scatter_tensor and broadcast,
 #            64 KiB-64 MiB, float32 and bfloat16, that many torch threads per rank, and the copy ceiling
 #            (every rank copying 64 MiB with copy_ on its threads at once) in the same job
-#   base     BASE's build at the first layout, 64 KiB-1 MiB, shm only (the before of a before/after)
+#   base     BASE's build at the first layout, 64 KiB-BASE_MAX_BYTES (default 1M), shm only (the before of a
+#            before/after)
 #   ddp      the DDP step at each layout of DDP_LAYOUTS (default: LAYOUTS): shm, Gloo, no communication
 #   peers    DeepSpeed's CPU shared-memory all-reduce beside shm and Gloo (bench/peer_deepspeed.py) at each layout
 #            of PEER_LAYOUTS (default: the first), 8 B-64 MiB; skipped with a note where DeepSpeed is not installed
@@ -55,7 +56,7 @@ fi
 if wants base && [ -n "${BASE:-}" ]; then
     base_path="$(cd "$BASE" && pwd)/src${PYTHONPATH:+:$PYTHONPATH}"
     PYTHONPATH=$base_path "$PY" -c "import shmcoll; print('base: shmcoll from', shmcoll.__file__)" >&2
-    PYTHONPATH=$base_path sweep "$first" "base-$first" --backends shm --min-bytes 64K --max-bytes 1M --step 4 \
+    PYTHONPATH=$base_path sweep "$first" "base-$first" --backends shm --min-bytes 64K --max-bytes "${BASE_MAX_BYTES:-1M}" --step 4 \
         --memcpy-time 0.1
 fi
 if wants ddp; then
