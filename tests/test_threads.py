@@ -13,9 +13,9 @@ import pytest
 from tests.harness import assert_job_passes, shm_entries, spawn
 
 LANES = {"SHMCOLL_CHUNK_BYTES": "8192", "SHMCOLL_SMALL_BYTES": "1024", "SHMCOLL_THREAD_BYTES": "4096"}
-# Room for one-shots split into lanes (allreduce.one_shot_limit): lanes' slots of 16 KiB, a share of up to 8 KiB
-# each, so from 8 KiB to T x 8 KiB an all-reduce is one step on every lane.
-ONE_SHOT_LANES = {"SHMCOLL_CHUNK_BYTES": "32768", "SHMCOLL_SMALL_BYTES": "8192", "SHMCOLL_THREAD_BYTES": "4096"}
+# One-shots split into lanes (allreduce.one_shot_limit): from 8 KiB (two lanes of 4 KiB) to 16 KiB an all-reduce
+# is one step on each lane; 3001 elements of 4 bytes and 1000 of 16 fall there.
+ONE_SHOT_LANES = {"SHMCOLL_CHUNK_BYTES": "65536", "SHMCOLL_SMALL_BYTES": "16384", "SHMCOLL_THREAD_BYTES": "4096"}
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
@@ -31,7 +31,7 @@ def test_all_reduce_matrix(world_size, threads):
 @pytest.mark.parametrize("threads", [3, 4])
 def test_all_reduce_matrix_one_shot_over_lanes(threads):
     result = spawn("tests.scenarios:allreduce_matrix", 3,
-                   env={**ONE_SHOT_LANES, "SHMCOLL_THREADS": str(threads)}, args=["20011"])
+                   env={**ONE_SHOT_LANES, "SHMCOLL_THREADS": str(threads)}, args=["3001"])
     assert_job_passes(result, min_cases=374)
 
 

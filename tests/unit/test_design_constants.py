@@ -218,8 +218,7 @@ def test_the_one_shot_limit_is_within_one_slot():
     (1 << 30, 4096, 4096), (1 << 30, 65536, 16384), (8192, 1 << 20, 4096), (1 << 20, 1 << 20, 4096)])
 def test_every_one_shot_over_lanes_fits_its_slots(small, chunk, thread_bytes):
     """Every all-reduce up to the one-shot limit fits the slots it runs in: one slot of the arena's on one
-    lane, each lane's stretch (as _schedules.Pool.start cuts it) in that lane's slot on several; and with the
-    defaults, lanes raise the limit at 2 ranks."""
+    lane, each lane's stretch (as _schedules.Pool.start cuts it) in that lane's slot on several."""
     from shmcoll.placement.node import OneNode
 
     for ranks in (2, 3, 4, 8, 16):
@@ -233,9 +232,11 @@ def test_every_one_shot_over_lanes_fits_its_slots(small, chunk, thread_bytes):
                     continue
                 cuts = [nbytes * j // n // lanes.ALIGN_BYTES * lanes.ALIGN_BYTES for j in range(n)] + [nbytes]
                 assert max(b - a for a, b in zip(cuts, cuts[1:])) <= arena.lane_bytes(chunk), (ranks, count, nbytes)
-    pool = lanes.Lanes(SimpleNamespace(lane_count=8, chunk_bytes=DEFAULTS.chunk_bytes), DEFAULTS.thread_bytes)
-    assert allreduce.one_shot_limit(DEFAULTS.small_bytes, DEFAULTS.chunk_bytes, 2, 8, pool.split_bytes,
-                                    pool.share_bytes) == 8 * DEFAULTS.small_bytes
+    for ranks in (2, 4, 8, 16):  # with the defaults, lanes leave the limit as it is on one thread
+        pool = lanes.Lanes(SimpleNamespace(lane_count=8, chunk_bytes=DEFAULTS.chunk_bytes), DEFAULTS.thread_bytes)
+        assert allreduce.one_shot_limit(DEFAULTS.small_bytes, DEFAULTS.chunk_bytes, ranks, 8, pool.split_bytes,
+                                        pool.share_bytes) == allreduce.one_shot_limit(DEFAULTS.small_bytes,
+                                                                                      DEFAULTS.chunk_bytes, ranks)
 
 
 def _mib(ranks: int, threads: int = 1) -> float:

@@ -18,24 +18,23 @@ ONE_SHOT_RANKS_BYTES = 1 << 20
 
 def one_shot_limit(small_bytes: int, chunk_bytes: int, local_size: int, lanes: int = 1,
                    split_bytes: float = float("inf"), lane_share_bytes: int = 0) -> int:
-    """The largest all-reduce (bytes) that runs as one step.
+    """The largest all-reduce (bytes) that runs as one step: SHMCOLL_SMALL_BYTES, within one slot, and within
+    ONE_SHOT_RANKS_BYTES / local_size^2.
 
-    On one thread: SHMCOLL_SMALL_BYTES, within one slot, and within ONE_SHOT_RANKS_BYTES / local_size^2.
-    Where messages from ``split_bytes`` on are cut into up to ``lanes`` lanes (``shmcoll.lanes``), the same
-    limits hold for each lane's even share in its own slots (at most ``lane_share_bytes``), so the limit is
-    ``lanes`` times theirs: a one-shot costs one meeting where the chunked schedule costs two per chunk, and
-    its extra reads (every rank reads every input) are shared out among the lanes (DeepSpeed's CPU all-reduce,
-    whose threads split every step the same way, runs one step up to 1 MiB). That holds only where every
-    smaller message fits too: below ``split_bytes`` the one thread's limit must reach it, and just above it a
-    message on two lanes has shares of up to ``split_bytes`` each."""
+    Where messages from ``split_bytes`` on are cut into up to ``lanes`` lanes (``shmcoll.lanes``), a one-shot
+    that splits must also fit each lane's slots: every lane's even share at most ``lane_share_bytes``. The limit
+    is not raised with the lanes: a one-shot reduces the whole message on every rank where the chunked schedule
+    reduces 1/L of it, and on 16 cores one step per lane up to T x the limit lost to two steps per chunk at
+    4 x 4 (256 KiB: 2.3-2.9x slower) and for bfloat16 at 2 x 8 (BENCHMARKS.md, "Threads per rank")."""
     limit = ONE_SHOT_RANKS_BYTES // (local_size * local_size)
     alone = min(small_bytes, chunk_bytes, limit)
     if lanes < 2 or alone < split_bytes:
         return alone  # no one-shot is split
+    # Shares run up to split_bytes just above it (two lanes), and up to alone / lanes at the top.
     per_lane = min(small_bytes, lane_share_bytes, limit)
     if per_lane < split_bytes:
-        return int(split_bytes) - 1  # shares just above split_bytes would not fit: no one-shot is split
-    return max(alone, lanes * per_lane)
+        return int(split_bytes) - 1  # no one-shot is split
+    return min(alone, lanes * per_lane)
 
 
 def one_shot(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float, desc: int) -> None:
