@@ -31,10 +31,9 @@ def one_shot_limit(small_bytes: int, chunk_bytes: int, local_size: int, lanes: i
     if lanes < 2 or alone < split_bytes:
         return alone  # no one-shot is split
     # Shares run up to split_bytes just above it (two lanes), and up to alone / lanes at the top.
-    per_lane = min(small_bytes, lane_share_bytes, limit)
-    if per_lane < split_bytes:
+    if lane_share_bytes < split_bytes:
         return int(split_bytes) - 1  # no one-shot is split
-    return min(alone, lanes * per_lane)
+    return min(alone, lanes * lane_share_bytes)
 
 
 def one_shot(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float, desc: int) -> None:
