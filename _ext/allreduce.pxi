@@ -42,10 +42,7 @@ cdef Py_ssize_t chunked(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py
     cdef uint32_t publish, share
     cdef int me = s.me, size = s.size, peer, behind
     cdef int gathers = root < 0 or root == me
-    # The own share can be read in place from addr (not published) when that
-    # keeps rank order: rank 0's data comes first, and with two ranks the
-    # other's is the only row.
-    cdef int share_in_place = me == 0 or size == 2
+    cdef bint share_in_place = own_in_place(s)  # our share read from addr, not published
     # Where to pick up: 0 publish, 1 reduce, 2 gather. A rank that does not
     # gather waits for a share step only before publishing the next chunk.
     cdef Py_ssize_t stage = 0 if resume < 0 else 1 + resume % 2
@@ -53,8 +50,6 @@ cdef Py_ssize_t chunked(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py
     if resume >= 0 and resume % 2 == 1 and not gathers:
         c, stage, share_reached = resume // 2 + 1, 0, 1
     cdef char *mine
-    cdef char *first
-    cdef char *rows
     cdef Py_ssize_t row_stride
     while c < chunks:
         start = c * per
@@ -85,13 +80,9 @@ cdef Py_ssize_t chunked(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py
             if c == 0 and _first_mismatch(s.lines, 0, size, publish, desc) >= 0:
                 return STATUS_MISMATCH
             row_stride = s.stride // itemsize
-            if me == 0:
-                first, rows = mine + lo * itemsize, slot(s, publish, 1) + lo * itemsize
-            elif share_in_place:  # two ranks, we are rank 1
-                first, rows = slot(s, publish, 0) + lo * itemsize, mine + lo * itemsize
-            else:
-                first, rows = slot(s, publish, 0) + lo * itemsize, slot(s, publish, 1) + lo * itemsize
-            kernel(slot(s, share, me) + lo * itemsize, first, rows, size - 1, row_stride, hi - lo, op, scale)
+            kernel(slot(s, share, me) + lo * itemsize, first_row(s, publish, lo * itemsize, mine + lo * itemsize),
+                   other_rows(s, publish, lo * itemsize, mine + lo * itemsize), size - 1, row_stride, hi - lo, op,
+                   scale)
             post_step(s, share, desc)
             if not gathers:
                 stage = 0

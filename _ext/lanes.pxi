@@ -298,8 +298,7 @@ cdef class Pool:
         pool.job.kind, pool.job.desc, pool.job.addr, pool.job.out = kind, desc, addr, out
         pool.job.itemsize, pool.job.block_stride, pool.job.out_stride = itemsize, block_stride, out_stride
         pool.job.kernel, pool.job.op, pool.job.scale, pool.job.root = <kernel_t>kernel, op, scale, root
-        pool.job.direct = apart(out, count * itemsize, addr,
-                                ((pool.lanes[0].s.size - 1) * block_stride + count) * itemsize)
+        pool.job.direct = apart(out, addr, count, block_stride, itemsize, pool.lanes[0].s.size)
         for j in range(self.count):
             lane = pool.lanes[j]
             if j < lanes:

@@ -2,11 +2,12 @@
 # Textually included by schedules.pyx (after lines.pxi and steps.pxi); every function runs without the GIL.
 
 
-# Whether a reduce-scatter may reduce straight into its output (``out_bytes`` at ``out``): the output overlaps
-# none of the ``in_bytes`` of input at ``addr``. Else each piece goes through scratch, since the output may hold
-# input pieces of later steps (or, over lanes, of other lanes).
-cdef inline bint apart(uintptr_t out, Py_ssize_t out_bytes, uintptr_t addr, Py_ssize_t in_bytes) noexcept nogil:
-    return out + out_bytes <= addr or addr + in_bytes <= out
+# Whether a reduce-scatter of the ``size`` blocks of ``count`` items at ``addr`` (``block_stride`` items apart)
+# may reduce straight into its output at ``out``: the output overlaps none of the input. Else each piece goes
+# through scratch, since the output may hold input pieces of later steps (or, over lanes, of other lanes).
+cdef inline bint apart(uintptr_t out, uintptr_t addr, Py_ssize_t count, Py_ssize_t block_stride,
+                       Py_ssize_t itemsize, int size) noexcept nogil:
+    return out + count * itemsize <= addr or addr + ((size - 1) * block_stride + count) * itemsize <= out
 
 
 # Reduce block r of the L blocks of ``block_count`` elements at ``addr`` into rank r's ``out``. Block k starts
@@ -15,9 +16,8 @@ cdef inline bint apart(uintptr_t out, Py_ssize_t out_bytes, uintptr_t addr, Py_s
 #
 # Step base + c + 1 publishes piece c of every block that a peer reduces (L pieces side by side in our slot);
 # we then reduce piece c of our block from every slot, in rank order, into ``out`` (or scratch, copied out).
-# Our own piece is read where it is, not published, where that keeps rank order (as in ``chunked``): at rank 0
-# it comes first, and with two ranks the peer's is the only row. Wait position c waits for step base + c + 1;
-# ``resume`` as in ``chunked``.
+# Our own piece is read where it is, not published, where that keeps rank order (``own_in_place``, as in
+# ``chunked``). Wait position c waits for step base + c + 1; ``resume`` as in ``chunked``.
 cdef Py_ssize_t reduce_scatter(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t block_count,
                                 Py_ssize_t block_stride, int itemsize, char *out, bint direct, kernel_t kernel,
                                 int64_t op, double scale, Py_ssize_t resume) noexcept nogil:
@@ -26,11 +26,9 @@ cdef Py_ssize_t reduce_scatter(sched_t *s, uint32_t base, uint64_t desc, char *a
     cdef Py_ssize_t start, n, k
     cdef uint32_t step
     cdef int me = s.me, size = s.size
-    cdef bint own_in_place = me == 0 or size == 2
+    cdef bint in_place = own_in_place(s)
     cdef char *mine
     cdef char *own
-    cdef char *first
-    cdef char *rows
     cdef char *into
     while c * piece < block_count:
         start = c * piece
@@ -39,7 +37,7 @@ cdef Py_ssize_t reduce_scatter(sched_t *s, uint32_t base, uint64_t desc, char *a
         if resume != c:
             mine = slot(s, step, me)
             for k in range(size):
-                if k != me or not own_in_place:
+                if k != me or not in_place:
                     memcpy(mine + k * n * itemsize, addr + (k * block_stride + start) * itemsize, n * itemsize)
             post_step(s, step, desc)
             if all_reached(s, step) >= 0:
@@ -47,14 +45,9 @@ cdef Py_ssize_t reduce_scatter(sched_t *s, uint32_t base, uint64_t desc, char *a
         if c == 0 and _first_mismatch(s.lines, 0, size, step, desc) >= 0:
             return STATUS_MISMATCH
         own = addr + (me * block_stride + start) * itemsize
-        if me == 0:
-            first, rows = own, slot(s, step, 1) + me * n * itemsize
-        elif own_in_place:  # two ranks, we are rank 1
-            first, rows = slot(s, step, 0) + me * n * itemsize, own
-        else:
-            first, rows = slot(s, step, 0) + me * n * itemsize, slot(s, step, 1) + me * n * itemsize
         into = out + start * itemsize if direct else <char *>s.scratch
-        kernel(<void *>into, first, rows, size - 1, s.stride // itemsize, n, op, scale)
+        kernel(<void *>into, first_row(s, step, me * n * itemsize, own), other_rows(s, step, me * n * itemsize, own),
+               size - 1, s.stride // itemsize, n, op, scale)
         if not direct:
             memcpy(out + start * itemsize, <void *>s.scratch, n * itemsize)
         c += 1

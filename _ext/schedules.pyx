@@ -101,8 +101,7 @@ cdef class Schedule:
         cdef Py_ssize_t status
         with nogil:
             status = reduce_scatter(&self.s, base, desc, <char *>addr, block_count, block_stride, itemsize,
-                                    <char *>out, apart(out, block_count * itemsize, addr,
-                                                       ((self.s.size - 1) * block_stride + block_count) * itemsize),
+                                    <char *>out, apart(out, addr, block_count, block_stride, itemsize, self.s.size),
                                     <kernel_t>kernel, op, scale, resume)
         return status
 

@@ -1,4 +1,5 @@
-# The step primitives every copy-path schedule uses, over one sched_t (schedule.pxd).
+# The step primitives every copy-path schedule uses, over one sched_t (schedule.pxd), and the rows a reduction
+# reads in rank order.
 # Textually included by schedules.pyx, after lines.pxi.
 
 
@@ -19,3 +20,19 @@ cdef inline int all_reached(sched_t *s, uint32_t step) noexcept nogil:
 cdef inline char *slot(sched_t *s, uint32_t step, int rank) noexcept nogil:
     """Start of ``rank``'s slot in the buffer step ``step`` uses."""
     return <char *>(s.data + (step & 1) * s.buffer_bytes + rank * s.stride)
+
+
+# Reductions read every rank's part in rank order (rank 0's first). A rank's own part can stay where it is,
+# unpublished, where that keeps the order: at rank 0 it comes first, and with two ranks the other's is the
+# only row. ``own_in_place`` decides it; ``first_row`` and ``other_rows`` are then the kernel's ``first`` and
+# ``rows`` over the parts at ``offset`` bytes into every rank's slot of ``step``, ours read from ``own``.
+cdef inline bint own_in_place(sched_t *s) noexcept nogil:
+    return s.me == 0 or s.size == 2
+
+
+cdef inline char *first_row(sched_t *s, uint32_t step, Py_ssize_t offset, char *own) noexcept nogil:
+    return own if s.me == 0 else slot(s, step, 0) + offset
+
+
+cdef inline char *other_rows(sched_t *s, uint32_t step, Py_ssize_t offset, char *own) noexcept nogil:
+    return own if s.me == 1 and s.size == 2 else slot(s, step, 1) + offset
