@@ -56,8 +56,8 @@ fi
 if wants base && [ -n "${BASE:-}" ]; then
     base_path="$(cd "$BASE" && pwd)/src${PYTHONPATH:+:$PYTHONPATH}"
     PYTHONPATH=$base_path "$PY" -c "import shmcoll; print('base: shmcoll from', shmcoll.__file__)" >&2
-    PYTHONPATH=$base_path sweep "$first" "base-$first" --backends shm --min-bytes 64K --max-bytes "${BASE_MAX_BYTES:-1M}" --step 4 \
-        --memcpy-time 0.1
+    PYTHONPATH=$base_path sweep "$first" "base-$first" --backends shm --min-bytes 64K \
+        --max-bytes "${BASE_MAX_BYTES:-1M}" --step 4 --memcpy-time 0.1
 fi
 if wants ddp; then
     for layout in $DDP_LAYOUTS; do

@@ -232,8 +232,8 @@ def test_every_one_shot_over_lanes_fits_its_slots(small, chunk, thread_bytes):
                     continue
                 cuts = [nbytes * j // n // lanes.ALIGN_BYTES * lanes.ALIGN_BYTES for j in range(n)] + [nbytes]
                 assert max(b - a for a, b in zip(cuts, cuts[1:])) <= arena.lane_bytes(chunk), (ranks, count, nbytes)
+    pool = lanes.Lanes(SimpleNamespace(lane_count=8, chunk_bytes=DEFAULTS.chunk_bytes), DEFAULTS.thread_bytes)
     for ranks in (2, 4, 8, 16):  # with the defaults, lanes leave the limit as it is on one thread
-        pool = lanes.Lanes(SimpleNamespace(lane_count=8, chunk_bytes=DEFAULTS.chunk_bytes), DEFAULTS.thread_bytes)
         assert allreduce.one_shot_limit(DEFAULTS.small_bytes, DEFAULTS.chunk_bytes, ranks, 8, pool.split_bytes,
                                         pool.share_bytes) == allreduce.one_shot_limit(DEFAULTS.small_bytes,
                                                                                       DEFAULTS.chunk_bytes, ranks)
