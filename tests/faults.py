@@ -511,6 +511,11 @@ def mismatch(rank: Rank, cases: dict, timeout: float = 2.0):
         spec = calls[rank.rank]
         dtype = getattr(torch, spec.get("dtype", "float32"))
         inp, outs = _fill(spec["kind"], spec.get("numel", 0), dtype, rank.rank, world)
+        if any(c.get("warm") for c in calls):
+            # Every rank makes each all_reduce (dtype, op) of the case once, alike: the case's own call then
+            # meets a plan admitted before, the fast paths' (the compiled small all-reduce's on one node).
+            for dtype_name, op in sorted({(c["dtype"], c["op"]) for c in calls if c["kind"] == "all_reduce"}):
+                dist.all_reduce(torch.ones(1, dtype=getattr(torch, dtype_name)), op=getattr(R, op), group=group)
         before = [o.clone() for o in outs]
         record = results[name] = {"call": spec}
         start = time.monotonic()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 import zlib
 
 import torch
@@ -610,7 +611,6 @@ def point_to_point(cases):
 
 def lifecycle(cases):
     """Device routing errors, Work timeouts, async returning early, re-initialisation, group teardown."""
-    import time
     from datetime import timedelta
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -800,8 +800,6 @@ def lane_threads() -> list[str]:
 
 def lane_threads_sleep(cases):
     """After a collective split over lanes, the lane threads take no CPU while nothing runs."""
-    import time
-
     x = torch.ones(1 << 20)  # 4 MiB: several lanes at the default SHMCOLL_THREAD_BYTES
     dist.all_reduce(x)
     cases.check("lanes/result", bool((x == dist.get_world_size()).all()), "wrong all_reduce result")
@@ -874,6 +872,12 @@ def fast_paths(cases):
     class Subclass(torch.Tensor):
         pass
 
+    # On one node, the small all-reduces the fast path takes run whole in compiled code
+    # (shmcoll._schedules.SmallAllreduce), which keeps the group's bookkeeping (describe_current) as the
+    # general path does.
+    compiled = getattr(pg._small_allreduce, "taken", None)
+    one_lane_bytes = getattr(pg.placement, "one_lane_one_shot_bytes", 0)
+
     big = 300_001  # above the one-shot limit and the inline asynchronous size: overlap pays
     for name, call, dtype, op_name in (("all_reduce", all_reduce, torch.float32, "sum"),
                                        ("all_reduce", all_reduce, torch.int32, "max"),
@@ -894,8 +898,28 @@ def fast_paths(cases):
 
             def run():
                 launches.clear()
+                before = pg._small_allreduce.taken if compiled is not None else 0
+                seq = pg._seq
                 call(case, dtype, count, op_name, async_op, make)
                 went = "the general path" if launches else "the fast path"
                 assert bool(launches) != fast, f"{case}: took {went}"
+                if name == "all_reduce":
+                    took = (pg._small_allreduce.taken - before) if compiled is not None else 0
+                    want = fast and count * dtype.itemsize <= one_lane_bytes
+                    assert took == want, f"{case}: the compiled path took {took} calls, not {int(want)}"
+                    assert pg._seq == seq + 1 and f"{count} elements) #{seq + 1}" in pg.describe_current(), \
+                        f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
 
             cases.run(case, run)
+
+    def late_peer():
+        # The last rank comes after several wait slices: the compiled path's first wait gives up and the
+        # slow wait (shmcoll.algorithms.allreduce.finish_one_shot) finishes the call, with the same result.
+        if rank == world - 1:
+            time.sleep(0.35)
+        before = pg._small_allreduce.taken if compiled is not None else 0
+        all_reduce("fast_path/all_reduce/late_peer", torch.float32, 7, "sum", False)
+        if one_lane_bytes:
+            assert pg._small_allreduce.taken == before + 1, "the compiled path did not take the late call"
+
+    cases.run("fast_path/all_reduce/late_peer", late_peer)

@@ -25,6 +25,7 @@ def test_torch_detail_logs_every_collective():
     for rank, output in enumerate(result.outputs):
         assert f"rank {rank}: all_reduce(sum, float32, 3 elements) #1" in output, output
         assert f"rank {rank}: broadcast(" in output and "#2" in output, output
+        assert f"rank {rank}: all_reduce(sum, float32, 2 elements) #3" in output, output
 
 
 def test_quiet_by_default():

@@ -498,8 +498,10 @@ def test_ctrl_c_through_torchrun_leaves_no_segment(when):
 
 # -- 4. mismatched collectives ------------------------------------------------------
 
-def _c(kind, numel=100, dtype="float32", root=0, op="SUM", asynchronous=False):
-    return {"kind": kind, "numel": numel, "dtype": dtype, "root": root, "op": op, "async": asynchronous}
+def _c(kind, numel=100, dtype="float32", root=0, op="SUM", asynchronous=False, warm=False):
+    # warm: every all_reduce of the case made once before it (faults.mismatch), so that the call takes a fast path
+    return {"kind": kind, "numel": numel, "dtype": dtype, "root": root, "op": op, "async": asynchronous,
+            "warm": warm}
 
 
 AR, BC, AG, BAR = (lambda **k: _c("all_reduce", **k)), (lambda **k: _c("broadcast", **k)), \
@@ -530,6 +532,15 @@ MISMATCH_CASES = {
     # async_op=True: small ones run inline, large ones on the progress thread; wait() raises either way
     "async_all_reduce_vs_broadcast": ([AR(asynchronous=True), BC(root=0, asynchronous=True), AR(asynchronous=True)],
                                       ["all_reduce"], ["broadcast"]),
+    # after a warm-up: small all-reduces run whole in compiled code (shmcoll._schedules.SmallAllreduce)
+    "warm_op_sum_vs_max": ([AR(warm=True), AR(op="MAX", warm=True), AR(warm=True)], ["sum"], ["max"]),
+    "warm_count_100_vs_101": ([AR(warm=True), AR(numel=101, warm=True), AR(warm=True)], ["100"], ["101"]),
+    "warm_dtype_float32_vs_int32_same_bytes": ([AR(warm=True), AR(dtype="int32", warm=True), AR(warm=True)],
+                                               ["float32"], ["int32"]),
+    "warm_all_reduce_vs_broadcast_nonroot": ([AR(warm=True), BC(root=0, warm=True), AR(warm=True)],
+                                             ["all_reduce"], ["broadcast"]),
+    "warm_async_all_reduce_vs_barrier": ([AR(asynchronous=True, warm=True), BAR(), AR(asynchronous=True, warm=True)],
+                                         ["all_reduce"], ["barrier"]),
     "async_large_all_reduce_vs_all_gather": ([AR(numel=300_000, asynchronous=True)] * 2
                                              + [AG(numel=300_000, asynchronous=True)], ["all_reduce"], ["all_gather"]),
 }

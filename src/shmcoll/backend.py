@@ -25,8 +25,9 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from shmcoll import _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops, placement, profiling, sparse
+from shmcoll import _schedules, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops, placement, profiling, sparse
 from shmcoll._env import read_settings
+from shmcoll.algorithms import allreduce as allreduce_algorithm
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
 from shmcoll.errors import AbortedError, ShmcollError
@@ -100,10 +101,25 @@ class Collectives:
         # (kind, dtype, op value or root), admitted by the general path as it meets them (``_admit``).
         self._fast_plans: dict = {}
         self._reductions_fast = _hash_is_op_value()
+        self._small_allreduce = self._compiled_small_allreduce()
         if rank == 0 and _log.isEnabledFor(logging.INFO):
             nodes = self._placement.nodes
             _log.info("%s", "\n".join([f"shm process group of {size} ranks on {len(nodes)} node(s): {nodes}; "
                                        f"timeout {timeout.total_seconds():g} s", *self._placement.summary()]))
+
+    def _compiled_small_allreduce(self):
+        """The group's first try at every all-reduce call (``ProcessGroupShm.allreduce``): the one-step
+        all-reduces of one node's arena run whole in one compiled call, from the group's method to the
+        schedule (``_schedules.SmallAllreduce``), which returns None for every call it does not take.
+        (Elsewhere: a function that takes none.)"""
+        most_bytes = getattr(self._placement, "one_lane_one_shot_bytes", 0)
+        if most_bytes <= 0:
+            return _takes_none
+        arena = self._placement.arena
+        return _schedules.SmallAllreduce(
+            self, self._engine, arena, arena.schedule, self._fast_plans, descriptors.ALLREDUCE,
+            descriptors.COUNT_SHIFT, most_bytes, self._inline_async_bytes, allreduce_algorithm.finish_one_shot,
+            _AllreduceOptions, _Tensor, _STRIDED, ShmcollError, profiling.active, _log)
 
     # -- what torch asks of a group ------------------------------------------
 
@@ -523,10 +539,12 @@ class Collectives:
         with self._teardown:
             if self._placement is not None:
                 self._engine.close()
+                # Refused from here on, before the arena goes: the compiled small all-reduce holds the arena
+                # itself, not the placement, and checks only this.
+                self._error = self._error or ShmcollError("this shm process group was shut down")
                 _until(lambda: not self._in_collective, None)  # one still running on another thread
                 self._placement.close()
                 self._placement = None
-                self._error = self._error or ShmcollError("this shm process group was shut down")
 
     def abort(self) -> None:
         """Get out of a hung collective: the one in progress (on any thread) raises within a wait slice,
@@ -562,6 +580,10 @@ def _until(condition, deadline: float | None) -> bool:
             return False
         time.sleep(0.001)
     return True
+
+
+def _takes_none(tensors, opts) -> None:
+    return None
 
 
 def of_group(group=None) -> Collectives:

@@ -60,9 +60,10 @@ def _first_tensor(args):
     return None
 
 
-def _routes_devices(method):
-    """Send calls on non-CPU tensors to the group's backend for that device."""
-    name = method.__name__
+def _routes_devices(method, name: str | None = None):
+    """Send calls on non-CPU tensors to the group's backend for that device (its method ``name``, by default
+    the decorated one's)."""
+    name = name or method.__name__
 
     @functools.wraps(method)
     def route(self, *args, **kwargs):
@@ -97,8 +98,14 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
 
     # -- every call form of c10d's bindings ------------------------------------
 
-    @_routes_devices
     def allreduce(self, tensors, opts=None, timeout=None):
+        # First the compiled small all-reduce (Collectives._compiled_small_allreduce), which takes the calls
+        # that are one step on one node (plain CPU tensors among them) and returns None for all others.
+        work = self._small_allreduce(tensors, opts)
+        return self._allreduce_any(tensors, opts, timeout) if work is None else work
+
+    @functools.partial(_routes_devices, name="allreduce")
+    def _allreduce_any(self, tensors, opts=None, timeout=None):
         if type(opts) is not dist.AllreduceOptions and opts is not None:  # allreduce(tensors, op[, timeout])
             opts = _options(dist.AllreduceOptions, timeout, reduceOp=opts)
         return Collectives.allreduce(self, _listed(tensors), opts)

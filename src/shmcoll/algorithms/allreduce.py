@@ -40,6 +40,13 @@ def one_shot(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, 
     """Everyone publishes its whole input (at most one slot), then reduces all slots into its output."""
     step = arena.begin_write()
     status = arena.schedule.one_shot(step & STEP_MASK, desc, addr, count, itemsize, kernel, op, scale, False)
+    finish_one_shot(arena, step, status, desc, addr, count, itemsize, kernel, op, scale)
+
+
+def finish_one_shot(arena, step: int, status: int, desc: int, addr: int, count: int, itemsize: int, kernel: int,
+                    op: int, scale: float) -> None:
+    """The rest of a one-shot whose first call into the schedule returned ``status``: settled and resumed
+    until DONE, then recorded (also for ``shmcoll._schedules.SmallAllreduce``, which made that first call)."""
     if status != DONE:  # a wait outlasted its slice, or a peer is in another collective
         arena.record_schedule(step)
         while status != DONE:

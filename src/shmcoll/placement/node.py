@@ -104,6 +104,9 @@ class OneNode(OnArena):
         # All-reduces up to this size exchange everything in one step (one slot per rank, or per rank and lane).
         self.one_shot_bytes = allreduce.one_shot_limit(settings.small_bytes, arena.chunk_bytes, arena.local_size,
                                                        lanes.count, lanes.split_bytes, lanes.share_bytes)
+        # Of those, the ones that run as one step on one lane (``one_shot`` below): what the group's compiled
+        # small all-reduce takes (shmcoll._schedules.SmallAllreduce).
+        self.one_lane_one_shot_bytes = int(min(self.one_shot_bytes, lanes.split_bytes - 1))
         self.settings = settings
         self.nodes = [arena.ranks]
         self.single_copy = single_copy  # the node's single_copy.Verdict
