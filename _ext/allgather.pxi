@@ -24,13 +24,17 @@ cdef Py_ssize_t allgather(sched_t *s, uint32_t base, uint64_t desc, char *addr, 
             # Our own block goes straight from the input, still in cache, while the peers
             # catch up, rather than out of the slot after the wait: 1 MiB at 2 ranks went
             # from 88 to 66 us; no change from 16 MiB up, where memory bandwidth bounds it.
-            # In place (the input is our block of the output): nothing to copy.
-            if mine != addr:
+            # In place (the input is our block of the output): nothing to copy. Not the first
+            # chunk: the output stays as it was until the peers are known to be in this collective.
+            if mine != addr and c > 0:
                 memcpy(mine + start, addr + start, n)
             if all_reached(s, step) >= 0:
                 return c
-        if c == 0 and _first_mismatch(s.lines, 0, size, step, desc) >= 0:
-            return STATUS_MISMATCH
+        if c == 0:
+            if _first_mismatch(s.lines, 0, size, step, desc) >= 0:
+                return STATUS_MISMATCH
+            if mine != addr:
+                memcpy(mine, addr, n)
         for peer in range(size):
             if peer != me:
                 memcpy(out + peer * out_stride + start, slot(s, step, peer), n)

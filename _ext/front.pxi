@@ -1,52 +1,79 @@
-# The small all-reduce's whole path in one compiled call, from the group's method to one_shot.
-# Textually included by schedules.pyx (after allreduce.pxi, whose one_shot it calls with the GIL released).
+# The small collectives' whole path in one compiled call, from the group's method to the C schedule.
+# Textually included by schedules.pyx (after the schedules it calls with the GIL released).
 #
 # An 8-byte all-reduce exchanges its data in under a microsecond, and the Python layers in front of the same
-# schedule (the surface's fast path, the inline run's bookkeeping, the placement, the arena's steps) took about
-# four more (bench/bench_floor.py, "shm's own work"). Here one call does what those layers do for the calls
-# they would run inline, one step on one lane, and hands every other call back (None) to them. What it may
-# take is decided by the layers it stands for: the plan the general path admitted (``Collectives._admit``),
-# the one-step, one-lane limit of the placement (``OneNode.one_lane_one_shot_bytes``), the engine's ``busy``, the arena's
-# steps; it reads them, it does not decide them again.
+# schedule (the surface's fast path, the inline run's bookkeeping, the placement, the algorithm, the arena's
+# steps) took about four more (bench/bench_floor.py, "shm's own work"). Here one call does what those layers
+# do for the calls they would run inline on one lane of the copy path, and hands every other call back (None)
+# to them. What it may take is decided by the layers it stands for: the plan the general path admitted
+# (``Collectives._admit``), the sizes the placement runs that way (``OneNode.one_lane_bytes``), the engine's
+# ``busy``, the arena's steps; it reads them, it does not decide them again. What it reads of torch's
+# objects (the options' pybind getters above all) is most of what it costs.
 
 
 cdef enum:
     _OPS = 16  # more than the values of c10d's ReduceOp.RedOpType
     _DEBUG = 10  # logging.DEBUG
+    # What a call of each collective is keyed by in ``entries``; the order of the kinds, limits and options
+    # that SmallCollectives is made with.
+    _ALLREDUCE = 0
+    _BROADCAST = 1
+    _ALLGATHER = 2
+    _REDUCE_SCATTER = 3
+    _KINDS = 4
 
 
-cdef class SmallAllreduce:
-    """``group.allreduce(tensors, opts)`` run here, where it is one plain contiguous CPU tensor of a plan
-    admitted before, at most one lane's one-shot, inline (synchronous, or asynchronous and at most
+cdef inline int64_t _unwrapped(int64_t base, uint32_t step) noexcept nogil:
+    """The arena's (unbounded) number of a 32-bit step at or after ``base`` (0: before it, nothing new)."""
+    cdef uint32_t ahead = step - <uint32_t>base
+    return base + ahead if ahead < 0x80000000u else 0
+
+
+def unwrapped(int64_t base, uint32_t step) -> int:
+    """``_unwrapped`` for ``shmcoll.algorithms.schedule``: one definition for both paths."""
+    return _unwrapped(base, step)
+
+
+cdef class SmallCollectives:
+    """The group's all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor run here, where a
+    call is plain contiguous CPU tensors of a plan admitted before, of a size the placement runs on one lane
+    of the copy path (the all-reduce: as one one-shot step), inline (synchronous, or asynchronous and at most
     ``inline_async_bytes``), with no profiler, no DEBUG log and no earlier error; else None.
 
     It keeps the group's bookkeeping as ``Collectives._run`` does (``_seq``, ``_desc``, ``_in_collective``, the
-    error that makes the group unusable), and a wait that outlasts its slice, or a peer in another collective,
-    goes to ``finish`` (``shmcoll.algorithms.allreduce.finish_one_shot``), which settles it the slow way."""
+    error that makes the group unusable). A wait that outlasts its slice, or a peer in another collective,
+    goes to the Python functions that settle it the slow way (``finish_one_shot``, ``finish_run``)."""
 
-    cdef object group, engine, steps, plans, finish
-    cdef object options_type, tensor_type, strided, error_type, profiling, log
+    cdef object group, engine, steps, plans, finish_one_shot, finish_run
+    cdef object tensor_type, strided, error_type, profiling, log
+    cdef tuple kinds, options  # per collective (the order above): its descriptor kind, its options' type
+    cdef Py_ssize_t limits[_KINDS]  # per collective: the most bytes per rank (reduce-scatter: per block)
+    cdef list entries  # per collective: key(dtype, op or root) -> what its calls need (``_entry``)
     cdef dict log_cache
     cdef Schedule schedule
-    cdef dict entries  # _key(dtype, op value) -> (desc less its count, most elements, itemsize, kernel, op, scale)
-    cdef int kind, count_shift
+    cdef int count_shift, size, keys_per_dtype
+    cdef Py_ssize_t inline_async_bytes
     cdef readonly Py_ssize_t taken  # calls this path ran (tests check which path ran)
-    cdef Py_ssize_t most_bytes, inline_async_bytes
 
-    def __init__(self, group, engine, steps, Schedule schedule, dict plans, int kind, int count_shift,
-                 Py_ssize_t most_bytes, Py_ssize_t inline_async_bytes, finish, options_type, tensor_type, strided,
-                 error_type, profiling, log):
+    def __init__(self, group, engine, steps, Schedule schedule, dict plans, tuple kinds, tuple options,
+                 tuple limits, int count_shift, Py_ssize_t inline_async_bytes, finish_one_shot, finish_run,
+                 tensor_type, strided, error_type, profiling, log):
         self.group = group
         self.engine = engine
         self.steps = steps  # the arena's Steps: step (last posted) and all_reached
         self.schedule = schedule  # steps.schedule
-        self.plans = plans  # the group's fast plans, by (kind, dtype, op value)
-        self.kind = kind
+        self.size = schedule.s.size
+        self.plans = plans  # the group's fast plans, by (kind, dtype, op value or root)
+        self.kinds = kinds
+        self.options = options
+        for i in range(_KINDS):
+            self.limits[i] = limits[i]
+        self.entries = [{} for _ in range(_KINDS)]
+        self.keys_per_dtype = max(_OPS, self.size)  # op values, or roots
         self.count_shift = count_shift
-        self.most_bytes = most_bytes  # the largest all-reduce that is one step on one lane (OneNode)
         self.inline_async_bytes = inline_async_bytes
-        self.finish = finish
-        self.options_type = options_type
+        self.finish_one_shot = finish_one_shot
+        self.finish_run = finish_run
         self.tensor_type = tensor_type
         self.strided = strided
         self.error_type = error_type  # the errors that make the group unusable (ShmcollError)
@@ -56,7 +83,37 @@ cdef class SmallAllreduce:
         # where Logger.isEnabledFor is a Python call
         cached = getattr(log, "_cache", None)
         self.log_cache = cached if type(cached) is dict else None
-        self.entries = {}
+
+    # -- what every call checks ------------------------------------------------
+
+    cdef inline bint _plain(self, tensor):
+        """A dense contiguous CPU ``torch.Tensor`` (no subclass: one may override what the checks rely on)."""
+        return (type(tensor) is self.tensor_type and tensor.is_cpu and tensor.layout is self.strided
+                and tensor.is_contiguous())
+
+    cdef tuple _entry(self, int which, dtype, Py_ssize_t key_value):
+        """What a call of collective ``which`` on ``dtype`` (with op value or root ``key_value``) needs, from
+        its admitted plan: (descriptor less its count, most elements, itemsize, kernel, op, scale); None if
+        no plan is admitted. Keyed by one int, no tuple made: dtypes are singletons."""
+        if key_value < 0 or key_value >= self.keys_per_dtype:
+            return None
+        key = <Py_ssize_t><void *>dtype * self.keys_per_dtype + key_value
+        entries = <dict>self.entries[which]
+        entry = entries.get(key)
+        if entry is not None:
+            return entry
+        plan = self.plans.get((self.kinds[which], dtype, key_value))
+        if plan is None:
+            return None
+        desc_base, red, _ = plan
+        itemsize = dtype.itemsize
+        most = self.limits[which] // itemsize
+        if red is None:
+            entry = (desc_base, most, itemsize, 0, 0, 1.0)
+        else:
+            entry = (desc_base, most, itemsize, red.kernel, red.op.kernel, red.scale)
+        entries[key] = entry
+        return entry
 
     cdef bint _debug(self):
         if self.log_cache is not None:
@@ -65,84 +122,188 @@ cdef class SmallAllreduce:
                 return enabled
         return self.log.isEnabledFor(_DEBUG)
 
-    cdef tuple _entry(self, key, dtype, Py_hash_t op):
-        """What a call of ``dtype`` and ``op`` needs, from its admitted plan; None if there is none."""
-        plan = self.plans.get((self.kind, dtype, op))
-        if plan is None:
-            return None
-        desc_base, red, _ = plan
-        itemsize = dtype.itemsize
-        entry = (desc_base, self.most_bytes // itemsize, itemsize, red.kernel, red.op.kernel, red.scale)
-        self.entries[key] = entry
-        return entry
-
-    def __call__(self, tensors, opts):
-        if type(opts) is not self.options_type or type(tensors) is not list or len(<list>tensors) != 1:
-            return None
-        tensor = (<list>tensors)[0]
-        if (type(tensor) is not self.tensor_type or not tensor.is_cpu or tensor.layout is not self.strided
-                or not tensor.is_contiguous()):
-            return None
-        dtype = tensor.dtype
-        cdef Py_hash_t op = hash(opts.reduceOp)
-        if op < 0 or op >= _OPS:
-            return None
-        # (dtype, op) as one int, no tuple made: dtypes are singletons, op values below _OPS
-        key = <Py_ssize_t><void *>dtype * _OPS + op
-        entry = self.entries.get(key)
-        if entry is None:
-            entry = self._entry(key, dtype, op)
-            if entry is None:
-                return None
-        cdef uint64_t desc_base = entry[0]
-        cdef Py_ssize_t most = entry[1], itemsize = entry[2]
-        cdef Py_ssize_t count = tensor.numel()
-        cdef bint async_op = opts.asyncOp
-        if count <= 0 or count > most or (async_op and count * itemsize > self.inline_async_bytes):
-            return None
-        group, steps = self.group, self.steps
+    cdef bint _may_start(self):
+        """Whether a call may run here now: nothing queued or running, no profiler, no DEBUG log, no error,
+        and the arena's next step free to write (``Steps.begin_write`` would not wait)."""
         engine = self.engine
         # engine.busy() read in place: its queue first, then whether it runs (ProgressEngine.busy says why)
         if engine._queue or engine._running or self.profiling() or self._debug():
-            return None
-        # From here to _in_collective below, nothing lets another thread run: a shutdown on one sets _error
-        # before it waits for _in_collective to clear and unmaps the arena (Collectives.shutdown).
-        if group._error is not None:
-            return None
-        cdef int64_t step = steps.step + 1
-        if steps.all_reached < step - 1:  # the step's buffer may still be read: the general path waits
-            return None
-        cdef uint64_t desc = desc_base | (<uint64_t>count) << self.count_shift
-        cdef uintptr_t addr = tensor.data_ptr()
-        cdef kernel_t kernel = <kernel_t><uintptr_t>entry[3]
-        cdef int64_t kernel_op = entry[4]
-        cdef double scale = entry[5]
-        cdef Py_ssize_t status
+            return False
+        # From here to _in_collective (``_start``), nothing lets another thread run: a shutdown on one sets
+        # _error before it waits for _in_collective to clear and unmaps the arena (Collectives.shutdown).
+        return self.group._error is None and self.steps.all_reached >= self.steps.step
+
+    cdef void _start(self, uint64_t desc):
+        group = self.group
         self.taken += 1
         group._seq += 1
         group._desc = desc
         group._in_collective = True  # the arena is in use: teardown must not unmap it under us
-        with nogil:
-            status = one_shot(&self.schedule.s, <uint32_t>step, desc, <char *>addr, count, <int>itemsize, kernel,
-                              kernel_op, scale, False)
+
+    cdef object _settle(self, finish, tuple args, result, uint64_t desc, bint async_op):
+        """``finish(*args)``, the slow rest of a call whose first schedule call did not finish it; None, or the
+        failed Work of an asynchronous call (a synchronous one raises)."""
+        try:
+            finish(*args)
+        except Exception as error:
+            if isinstance(error, self.error_type):
+                self.group._error = error
+            if not async_op:
+                raise
+            return self.engine.finished(result, desc, error)
+        finally:
+            self.group._in_collective = False
+        return None
+
+    cdef object _ran(self, Py_ssize_t status, int64_t base, uint64_t desc, call, result, bint async_op):
+        """After the first call of a schedule that started after step ``base``: its record (as
+        ``shmcoll.algorithms.schedule.run`` keeps it) where it finished, else ``finish_run``; the call's Work."""
+        cdef int64_t reached
         if status == STATUS_DONE:
-            steps.step = step
-            steps.all_reached = step
-            group._in_collective = False
+            steps = self.steps
+            steps.step = _unwrapped(base, self.schedule.s.posted)
+            reached = _unwrapped(base, self.schedule.s.reached)
+            if reached > steps.all_reached:
+                steps.all_reached = reached
+            self.group._in_collective = False
         else:
-            try:
-                self.finish(steps, step, status, desc, addr, count, itemsize, entry[3], kernel_op, scale)
-            except Exception as error:
-                if isinstance(error, self.error_type):
-                    group._error = error
-                if not async_op:
-                    raise
-                return engine.finished(tensors, desc, error)
-            finally:
-                group._in_collective = False
+            failed = self._settle(self.finish_run, (self.steps, self.schedule, desc, call, base, status), result,
+                                  desc, async_op)
+            if failed is not None:
+                return failed
+        return self._work(result, desc, async_op)
+
+    cdef object _work(self, result, uint64_t desc, bint async_op):
+        engine = self.engine
         if async_op:
-            return engine.finished(tensors, desc)
-        done = engine._completed  # engine.completed(tensors), less its Python call (a sixth of this path)
-        done._result = tensors
+            return engine.finished(result, desc)
+        done = engine._completed  # engine.completed(result), less its Python call
+        done._result = result
         done._source = -1
         return done
+
+    # -- the collectives ---------------------------------------------------------
+
+    def allreduce(self, tensors, opts):
+        """``group.allreduce(tensors, opts)`` as one one-shot step, or None."""
+        if type(opts) is not self.options[_ALLREDUCE] or type(tensors) is not list or len(<list>tensors) != 1:
+            return None
+        tensor = (<list>tensors)[0]
+        if not self._plain(tensor):
+            return None
+        entry = self._entry(_ALLREDUCE, tensor.dtype, hash(opts.reduceOp))
+        if entry is None:
+            return None
+        cdef Py_ssize_t count = tensor.numel(), itemsize = entry[2]
+        cdef bint async_op = opts.asyncOp
+        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and count * itemsize > self.inline_async_bytes)
+                or not self._may_start()):
+            return None
+        cdef int64_t step = self.steps.step + 1
+        cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
+        cdef uintptr_t addr = tensor.data_ptr()
+        cdef kernel_t kernel = <kernel_t><uintptr_t>entry[3]
+        cdef int64_t op = entry[4]
+        cdef double scale = entry[5]
+        cdef Py_ssize_t status
+        self._start(desc)
+        with nogil:
+            status = one_shot(&self.schedule.s, <uint32_t>step, desc, <char *>addr, count, <int>itemsize, kernel,
+                              op, scale, False)
+        if status == STATUS_DONE:
+            self.steps.step = step
+            self.steps.all_reached = step
+            self.group._in_collective = False
+        else:
+            failed = self._settle(self.finish_one_shot, (self.steps, step, status, desc, addr, count, itemsize,
+                                                         entry[3], op, scale), tensors, desc, async_op)
+            if failed is not None:
+                return failed
+        return self._work(tensors, desc, async_op)
+
+    def broadcast(self, tensors, opts):
+        """``group.broadcast(tensors, opts)`` on one lane of the copy path, or None."""
+        if type(opts) is not self.options[_BROADCAST] or type(tensors) is not list or len(<list>tensors) != 1:
+            return None
+        tensor = (<list>tensors)[0]
+        if not self._plain(tensor):
+            return None
+        cdef int root = opts.rootRank
+        entry = self._entry(_BROADCAST, tensor.dtype, root)
+        if entry is None:
+            return None
+        cdef Py_ssize_t count = tensor.numel(), nbytes = count * <Py_ssize_t>entry[2]
+        cdef bint async_op = opts.asyncOp
+        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and nbytes > self.inline_async_bytes)
+                or not self._may_start()):
+            return None
+        cdef int64_t base = self.steps.step
+        cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
+        cdef uintptr_t addr = tensor.data_ptr()
+        cdef Py_ssize_t status
+        self._start(desc)
+        with nogil:
+            status = broadcast(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, root, -1)
+        schedule = self.schedule
+        return self._ran(status, base, desc, lambda b, resume: schedule.broadcast(b, desc, addr, nbytes, root, resume),
+                         tensors, async_op)
+
+    def allgather_into(self, output, input, opts):
+        """``group.all_gather_single(output, input, opts)`` on one lane of the copy path, or None."""
+        if type(opts) is not self.options[_ALLGATHER] or not self._plain(input) or not self._plain(output):
+            return None
+        dtype = input.dtype
+        if output.dtype is not dtype:
+            return None
+        entry = self._entry(_ALLGATHER, dtype, 0)
+        if entry is None:
+            return None
+        cdef Py_ssize_t count = input.numel(), nbytes = count * <Py_ssize_t>entry[2]
+        cdef bint async_op = opts.asyncOp
+        if (count <= 0 or count > <Py_ssize_t>entry[1] or output.numel() != count * self.size
+                or (async_op and nbytes > self.inline_async_bytes) or not self._may_start()):
+            return None
+        cdef int64_t base = self.steps.step
+        cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
+        cdef uintptr_t addr = input.data_ptr(), out = output.data_ptr()
+        cdef Py_ssize_t status
+        self._start(desc)
+        with nogil:
+            status = allgather(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, <char *>out, nbytes, -1)
+        schedule = self.schedule
+        return self._ran(status, base, desc,
+                         lambda b, resume: schedule.allgather(b, desc, addr, nbytes, out, nbytes, resume),
+                         [output], async_op)
+
+    def reduce_scatter(self, output, input, opts):
+        """``group.reduce_scatter_single(output, input, opts)`` on one lane of the copy path, or None."""
+        if type(opts) is not self.options[_REDUCE_SCATTER] or not self._plain(input) or not self._plain(output):
+            return None
+        dtype = output.dtype
+        if input.dtype is not dtype:
+            return None
+        entry = self._entry(_REDUCE_SCATTER, dtype, hash(opts.reduceOp))
+        if entry is None:
+            return None
+        cdef Py_ssize_t count = output.numel(), itemsize = entry[2]
+        cdef bint async_op = opts.asyncOp
+        if (count <= 0 or count > <Py_ssize_t>entry[1] or input.numel() != count * self.size
+                or (async_op and count * itemsize * self.size > self.inline_async_bytes) or not self._may_start()):
+            return None
+        cdef int64_t base = self.steps.step
+        cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
+        cdef uintptr_t addr = input.data_ptr(), out = output.data_ptr()
+        cdef uintptr_t kernel = entry[3]
+        cdef int64_t op = entry[4]
+        cdef double scale = entry[5]
+        cdef Py_ssize_t status
+        self._start(desc)
+        with nogil:
+            status = reduce_scatter(&self.schedule.s, <uint32_t>base, desc, <char *>addr, count, count, <int>itemsize,
+                                    <char *>out, apart(out, addr, count, count, <int>itemsize, self.size),
+                                    <kernel_t>kernel, op, scale, -1)
+        schedule = self.schedule
+        return self._ran(status, base, desc,
+                         lambda b, resume: schedule.reduce_scatter(b, desc, addr, count, count, itemsize, out, kernel,
+                                                                   op, scale, resume),
+                         [output], async_op)

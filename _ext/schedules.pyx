@@ -11,7 +11,7 @@ reduction kernels by address (``shmcoll.kernel_abi``). One file per collective:
     allgather.pxi        allgather
     broadcast.pxi        broadcast
     lanes.pxi            Pool: one collective over several threads of a rank
-    front.pxi            SmallAllreduce: the small all-reduce from the group's method to one_shot
+    front.pxi            SmallCollectives: the small collectives from the group's method to their schedule
 
 Waits are bounded by the slice like every other wait: when one expires, the
 call returns where it stopped (a position >= 0) so that Python can check

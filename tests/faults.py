@@ -512,10 +512,16 @@ def mismatch(rank: Rank, cases: dict, timeout: float = 2.0):
         dtype = getattr(torch, spec.get("dtype", "float32"))
         inp, outs = _fill(spec["kind"], spec.get("numel", 0), dtype, rank.rank, world)
         if any(c.get("warm") for c in calls):
-            # Every rank makes each all_reduce (dtype, op) of the case once, alike: the case's own call then
-            # meets a plan admitted before, the fast paths' (the compiled small all-reduce's on one node).
-            for dtype_name, op in sorted({(c["dtype"], c["op"]) for c in calls if c["kind"] == "all_reduce"}):
-                dist.all_reduce(torch.ones(1, dtype=getattr(torch, dtype_name)), op=getattr(R, op), group=group)
+            # Every rank makes each (kind, dtype, op, root) of the case's calls once, alike: the case's own call
+            # then meets a plan admitted before, the fast paths' (the compiled small collectives' on one node).
+            for kind, dtype_name, op, root in sorted({(c["kind"], c["dtype"], c["op"], c["root"]) for c in calls}):
+                one = torch.ones(1, dtype=getattr(torch, dtype_name))
+                if kind == "all_reduce":
+                    dist.all_reduce(one, op=getattr(R, op), group=group)
+                elif kind == "broadcast":
+                    dist.broadcast(one, src=dist.get_global_rank(group, root), group=group)
+                elif kind == "all_gather_into_tensor":
+                    dist.all_gather_into_tensor(one.repeat(world), one, group=group)
         before = [o.clone() for o in outs]
         record = results[name] = {"call": spec}
         start = time.monotonic()

@@ -872,11 +872,13 @@ def fast_paths(cases):
     class Subclass(torch.Tensor):
         pass
 
-    # On one node, the small all-reduces the fast path takes run whole in compiled code
-    # (shmcoll._schedules.SmallAllreduce), which keeps the group's bookkeeping (describe_current) as the
-    # general path does.
-    compiled = getattr(pg._small_allreduce, "taken", None)
-    one_lane_bytes = getattr(pg.placement, "one_lane_one_shot_bytes", 0)
+    # On one node, the calls of the fast paths that one C schedule call on one lane runs go whole through
+    # compiled code (shmcoll._schedules.SmallCollectives), which keeps the group's bookkeeping
+    # (describe_current) as the general path does.
+    compiled = getattr(pg._small, "taken", None)
+    one_lane_bytes = getattr(pg.placement, "one_lane_bytes", {})
+    placement_kind = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
+                      "broadcast": "broadcast", "all_gather_into_tensor": "all_gather"}
 
     big = 300_001  # above the one-shot limit and the inline asynchronous size: overlap pays
     for name, call, dtype, op_name in (("all_reduce", all_reduce, torch.float32, "sum"),
@@ -898,28 +900,32 @@ def fast_paths(cases):
 
             def run():
                 launches.clear()
-                before = pg._small_allreduce.taken if compiled is not None else 0
+                before = pg._small.taken if compiled is not None else 0
                 seq = pg._seq
                 call(case, dtype, count, op_name, async_op, make)
                 went = "the general path" if launches else "the fast path"
                 assert bool(launches) != fast, f"{case}: took {went}"
-                if name == "all_reduce":
-                    took = (pg._small_allreduce.taken - before) if compiled is not None else 0
-                    want = fast and count * dtype.itemsize <= one_lane_bytes
-                    assert took == want, f"{case}: the compiled path took {took} calls, not {int(want)}"
-                    assert pg._seq == seq + 1 and f"{count} elements) #{seq + 1}" in pg.describe_current(), \
-                        f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
+                took = (pg._small.taken - before) if compiled is not None else 0
+                want = fast and count * dtype.itemsize <= one_lane_bytes.get(placement_kind[name], 0)
+                assert took == want, f"{case}: the compiled path took {took} calls, not {int(want)}"
+                assert pg._seq == seq + 1 and f"{count} elements) #{seq + 1}" in pg.describe_current(), \
+                    f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
 
             cases.run(case, run)
 
     def late_peer():
         # The last rank comes after several wait slices: the compiled path's first wait gives up and the
-        # slow wait (shmcoll.algorithms.allreduce.finish_one_shot) finishes the call, with the same result.
+        # slow wait (finish_one_shot, finish_run of shmcoll.algorithms) finishes the call, with the same result.
         if rank == world - 1:
             time.sleep(0.35)
-        before = pg._small_allreduce.taken if compiled is not None else 0
-        all_reduce("fast_path/all_reduce/late_peer", torch.float32, 7, "sum", False)
+        before = pg._small.taken if compiled is not None else 0
+        call(case, dtype, 7, op_name, False)
         if one_lane_bytes:
-            assert pg._small_allreduce.taken == before + 1, "the compiled path did not take the late call"
+            assert pg._small.taken == before + 1, f"{case}: the compiled path did not take the late call"
 
-    cases.run("fast_path/all_reduce/late_peer", late_peer)
+    for name, call, dtype, op_name in (("all_reduce", all_reduce, torch.float32, "sum"),
+                                       ("reduce_scatter_tensor", reduce_scatter, torch.bfloat16, "sum"),
+                                       ("broadcast", broadcast, torch.float64, None),
+                                       ("all_gather_into_tensor", all_gather, torch.int16, None)):
+        case = f"fast_path/{name}/late_peer"
+        cases.run(case, late_peer)

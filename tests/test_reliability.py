@@ -506,6 +506,7 @@ def _c(kind, numel=100, dtype="float32", root=0, op="SUM", asynchronous=False, w
 
 AR, BC, AG, BAR = (lambda **k: _c("all_reduce", **k)), (lambda **k: _c("broadcast", **k)), \
     (lambda **k: _c("all_gather", **k)), (lambda **k: _c("barrier", numel=0))
+AGT = lambda **k: _c("all_gather_into_tensor", **k)  # noqa: E731
 # name: (per-rank calls for 3 ranks, patterns naming the first call, patterns naming the second call)
 MISMATCH_CASES = {
     "op_sum_vs_max": ([AR(), AR(op="MAX"), AR()], ["sum"], ["max"]),
@@ -539,6 +540,12 @@ MISMATCH_CASES = {
                                                ["float32"], ["int32"]),
     "warm_all_reduce_vs_broadcast_nonroot": ([AR(warm=True), BC(root=0, warm=True), AR(warm=True)],
                                              ["all_reduce"], ["broadcast"]),
+    "warm_broadcast_count": ([BC(warm=True), BC(numel=200, warm=True), BC(warm=True)],
+                             [r"\b(100 elements|400 bytes)"], [r"\b(200 elements|800 bytes)"]),
+    "warm_broadcast_roots_crossed": ([BC(root=1, warm=True), BC(root=0, warm=True), BC(root=1, warm=True)],
+                                     ["root 1"], ["root 0"]),
+    "warm_all_gather_into_tensor_count": ([AGT(warm=True), AGT(warm=True), AGT(numel=101, warm=True)],
+                                          [r"\b(100 elements|400 bytes)"], [r"\b(101 elements|404 bytes)"]),
     "warm_async_all_reduce_vs_barrier": ([AR(asynchronous=True, warm=True), BAR(), AR(asynchronous=True, warm=True)],
                                          ["all_reduce"], ["barrier"]),
     "async_large_all_reduce_vs_all_gather": ([AR(numel=300_000, asynchronous=True)] * 2

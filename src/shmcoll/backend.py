@@ -28,6 +28,7 @@ import torch.distributed as dist
 from shmcoll import _schedules, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops, placement, profiling, sparse
 from shmcoll._env import read_settings
 from shmcoll.algorithms import allreduce as allreduce_algorithm
+from shmcoll.algorithms import schedule as schedule_driver
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
 from shmcoll.errors import AbortedError, ShmcollError
@@ -101,25 +102,29 @@ class Collectives:
         # (kind, dtype, op value or root), admitted by the general path as it meets them (``_admit``).
         self._fast_plans: dict = {}
         self._reductions_fast = _hash_is_op_value()
-        self._small_allreduce = self._compiled_small_allreduce()
+        self._small = self._compiled_small_collectives()
         if rank == 0 and _log.isEnabledFor(logging.INFO):
             nodes = self._placement.nodes
             _log.info("%s", "\n".join([f"shm process group of {size} ranks on {len(nodes)} node(s): {nodes}; "
                                        f"timeout {timeout.total_seconds():g} s", *self._placement.summary()]))
 
-    def _compiled_small_allreduce(self):
-        """The group's first try at every all-reduce call (``ProcessGroupShm.allreduce``): the one-step
-        all-reduces of one node's arena run whole in one compiled call, from the group's method to the
-        schedule (``_schedules.SmallAllreduce``), which returns None for every call it does not take.
-        (Elsewhere: a function that takes none.)"""
-        most_bytes = getattr(self._placement, "one_lane_one_shot_bytes", 0)
-        if most_bytes <= 0:
-            return _takes_none
+    def _compiled_small_collectives(self):
+        """The group's first try at all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor
+        (``ProcessGroupShm``): on one node's arena, the calls its fast paths would run inline in one C schedule
+        call on one lane run whole in one compiled call, from the group's method to the schedule
+        (``_schedules.SmallCollectives``), which returns None for every call it does not take. (Elsewhere: an
+        object that takes none.)"""
+        one_lane_bytes = getattr(self._placement, "one_lane_bytes", None)
+        if one_lane_bytes is None:
+            return _TakesNone()
         arena = self._placement.arena
-        return _schedules.SmallAllreduce(
-            self, self._engine, arena, arena.schedule, self._fast_plans, descriptors.ALLREDUCE,
-            descriptors.COUNT_SHIFT, most_bytes, self._inline_async_bytes, allreduce_algorithm.finish_one_shot,
-            _AllreduceOptions, _Tensor, _STRIDED, ShmcollError, profiling.active, _log)
+        return _schedules.SmallCollectives(
+            self, self._engine, arena, arena.schedule, self._fast_plans,
+            (descriptors.ALLREDUCE, descriptors.BROADCAST, descriptors.ALLGATHER, descriptors.REDUCE_SCATTER),
+            (_AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions),
+            tuple(one_lane_bytes[kind] for kind in ("all_reduce", "broadcast", "all_gather", "reduce_scatter")),
+            descriptors.COUNT_SHIFT, self._inline_async_bytes, allreduce_algorithm.finish_one_shot,
+            schedule_driver.finish_run, _Tensor, _STRIDED, ShmcollError, profiling.active, _log)
 
     # -- what torch asks of a group ------------------------------------------
 
@@ -582,8 +587,18 @@ def _until(condition, deadline: float | None) -> bool:
     return True
 
 
-def _takes_none(tensors, opts) -> None:
-    return None
+class _TakesNone:
+    """The compiled small collectives where the placement has none: every call goes the Python way."""
+
+    def allreduce(self, tensors, opts) -> None:
+        return None
+
+    broadcast = allreduce
+
+    def allgather_into(self, output, input, opts) -> None:
+        return None
+
+    reduce_scatter = allgather_into
 
 
 def of_group(group=None) -> Collectives:

@@ -98,10 +98,12 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
 
     # -- every call form of c10d's bindings ------------------------------------
 
+    # all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor first try the compiled small
+    # collectives (Collectives._compiled_small_collectives), which take the plain CPU calls of one node's
+    # arena that one C schedule call on one lane runs, and return None for all others.
+
     def allreduce(self, tensors, opts=None, timeout=None):
-        # First the compiled small all-reduce (Collectives._compiled_small_allreduce), which takes the calls
-        # that are one step on one node (plain CPU tensors among them) and returns None for all others.
-        work = self._small_allreduce(tensors, opts)
+        work = self._small.allreduce(tensors, opts)
         return self._allreduce_any(tensors, opts, timeout) if work is None else work
 
     @functools.partial(_routes_devices, name="allreduce")
@@ -120,8 +122,12 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
             opts = _options(dist.ReduceOptions, timeout, rootRank=opts, reduceOp=op)
         return Collectives.reduce(self, _listed(tensors), opts)
 
-    @_routes_devices
     def broadcast(self, tensors, opts=None, timeout=None):
+        work = self._small.broadcast(tensors, opts)
+        return self._broadcast_any(tensors, opts, timeout) if work is None else work
+
+    @functools.partial(_routes_devices, name="broadcast")
+    def _broadcast_any(self, tensors, opts=None, timeout=None):
         if not isinstance(opts, (dist.BroadcastOptions, type(None))):  # broadcast(tensor, root[, timeout])
             opts = _options(dist.BroadcastOptions, timeout, rootRank=opts)
         return Collectives.broadcast(self, _listed(tensors), opts)
@@ -133,8 +139,12 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
             opts = _options(_torch_compat.AllgatherOptions, opts)
         return Collectives.allgather(self, output_tensors, input_tensors, opts)
 
-    @_routes_devices
     def all_gather_single(self, output, input, opts=None):
+        work = self._small.allgather_into(output, input, opts)
+        return self._all_gather_single_any(output, input, opts) if work is None else work
+
+    @functools.partial(_routes_devices, name="all_gather_single")
+    def _all_gather_single_any(self, output, input, opts=None):
         return Collectives.all_gather_single(self, output, input, opts)
 
     _allgather_base = all_gather_single
@@ -171,8 +181,12 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
                             else dist.ReduceOp.SUM)
         return Collectives.reduce_scatter(self, output_tensors, input_tensors, opts)
 
-    @_routes_devices
     def reduce_scatter_single(self, output, input, opts=None):
+        work = self._small.reduce_scatter(output, input, opts)
+        return self._reduce_scatter_single_any(output, input, opts) if work is None else work
+
+    @functools.partial(_routes_devices, name="reduce_scatter_single")
+    def _reduce_scatter_single_any(self, output, input, opts=None):
         return Collectives.reduce_scatter_single(self, output, input, opts)
 
     _reduce_scatter_base = reduce_scatter_single

@@ -11,7 +11,7 @@ posted and the highest it saw every rank reach (its ``posted`` and ``reached``),
 which the arena records (``Steps.record_schedule``).
 """
 from shmcoll import single_copy
-from shmcoll._schedules import DONE, MISMATCH
+from shmcoll._schedules import DONE, MISMATCH, unwrapped
 from shmcoll._single_copy import FAILED, SIZES
 from shmcoll.descriptors import describe
 from shmcoll.errors import ShmcollError
@@ -25,7 +25,12 @@ def run(arena, schedule, desc: int, call, sizes_error=None) -> None:
     when the schedule starts). ``sizes_error()``: the exception for SIZES.
     """
     base = arena.begin_write() - 1
-    status = call(base & STEP_MASK, -1)
+    finish_run(arena, schedule, desc, call, base, call(base & STEP_MASK, -1), sizes_error)
+
+
+def finish_run(arena, schedule, desc: int, call, base: int, status: int, sizes_error=None) -> None:
+    """The rest of ``run`` once its first call returned ``status`` (also for
+    ``shmcoll._schedules.SmallCollectives``, which made that call)."""
     while status != DONE:
         if status == FAILED:
             raise _read_failed(arena, schedule, desc)
@@ -36,13 +41,7 @@ def run(arena, schedule, desc: int, call, sizes_error=None) -> None:
         arena.record_schedule(step)
         settle(arena, status, step, desc)
         status = call(base & STEP_MASK, status)
-    arena.record_schedule(_unwrapped(base, schedule.posted), _unwrapped(base, schedule.reached))
-
-
-def _unwrapped(base: int, step: int) -> int:
-    """The arena's (unbounded) number of a 32-bit step at or after ``base`` (0: before it, nothing new)."""
-    ahead = (step - base) & STEP_MASK
-    return base + ahead if ahead < 1 << 31 else 0
+    arena.record_schedule(unwrapped(base, schedule.posted), unwrapped(base, schedule.reached))
 
 
 def settle(arena, status: int, step: int, desc: int) -> None:

@@ -18,8 +18,10 @@ Each offers the same methods, with the same arguments::
   barrier(desc)                               send(tensor, dst, tag) -> Work;  recv(tensor, src | None, tag) -> Work
   set_background(on)      abort(why): waits in progress raise within a slice      close()      summary() -> lines
   one_shot_bytes: all-reduces up to this size may call one_shot(tensor, count, red, desc) (0: no such path)
-  one_lane_one_shot_bytes (OneNode only): those of them that are one step of its arena's one-shot schedule on
-      one lane, which the group's compiled small all-reduce runs itself (shmcoll._schedules.SmallAllreduce)
+  one_lane_bytes (OneNode only): per collective ("all_reduce", "broadcast", "all_gather", "reduce_scatter"),
+      the most bytes per rank (a reduce-scatter's per block) that it runs in one C schedule call on one lane
+      of its arena (the all-reduce: one one-shot step), which the group's compiled small collectives run
+      themselves (shmcoll._schedules.SmallCollectives)
   inline_async_bytes: an asynchronous collective of at most this many bytes per rank runs inline when nothing
       is queued (too small for overlap to pay for the progress thread's hand-off)
   allgather_windows(input, unit, consume, desc): the all-gather of ``input`` handed to

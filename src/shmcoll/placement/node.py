@@ -69,6 +69,9 @@ def _apart(sources: list[torch.Tensor], targets: list[torch.Tensor]) -> list[tor
     return [t.clone() if any(_overlap(t, out) for out in targets) else t for t in sources]
 
 
+_NO_LIMIT_BYTES = 1 << 62  # a size no message reaches
+
+
 class OnArena:
     """What every placement that holds a node arena does with it when the group is aborted or closed."""
 
@@ -104,9 +107,6 @@ class OneNode(OnArena):
         # All-reduces up to this size exchange everything in one step (one slot per rank, or per rank and lane).
         self.one_shot_bytes = allreduce.one_shot_limit(settings.small_bytes, arena.chunk_bytes, arena.local_size,
                                                        lanes.count, lanes.split_bytes, lanes.share_bytes)
-        # Of those, the ones that run as one step on one lane (``one_shot`` below): what the group's compiled
-        # small all-reduce takes (shmcoll._schedules.SmallAllreduce).
-        self.one_lane_one_shot_bytes = int(min(self.one_shot_bytes, lanes.split_bytes - 1))
         self.settings = settings
         self.nodes = [arena.ranks]
         self.single_copy = single_copy  # the node's single_copy.Verdict
@@ -115,6 +115,18 @@ class OneNode(OnArena):
             arena.enable_single_copy()
         direct = self.single_copy_spans.get("point_to_point")  # a sender decides; its receiver follows
         self.p2p = PointToPoint(arena, f"rank{rank}", direct_from=direct[0] if direct else None)
+        # The messages that run on the caller's thread in one C schedule call on one lane: the all-reduces of
+        # one one-shot step, and the broadcasts, all-gathers and reduce-scatters (per block) of the copy path
+        # below single copy's span; what the group's compiled small collectives take (_schedules.SmallCollectives).
+        one_lane = int(min(lanes.split_bytes - 1, _NO_LIMIT_BYTES))  # what _lanes_for leaves on one lane
+        self.one_lane_bytes = {"all_reduce": min(self.one_shot_bytes, one_lane),
+                               **{kind: min(one_lane, self._below_single_copy(kind))
+                                  for kind in ("broadcast", "all_gather", "reduce_scatter")}}
+
+    def _below_single_copy(self, kind: str) -> int:
+        """The most bytes per rank up to which no message of ``kind`` reads the peers' buffers (``_single_copy``)."""
+        span = self.single_copy_spans.get(kind)
+        return _NO_LIMIT_BYTES if span is None else max(0, span[0] - 1)
 
     def _single_copy(self, kind: str, nbytes: int) -> bool:
         """Whether a collective ``kind`` of ``nbytes`` per rank reads the peers' buffers directly: in its span
