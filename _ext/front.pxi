@@ -228,7 +228,7 @@ cdef class SmallCollectives:
         tensor = (<list>tensors)[0]
         if not self._plain(tensor):
             return None
-        cdef int root = opts.rootRank
+        cdef int64_t root = opts.rootRank  # a root out of the group's range has no entry
         entry = self._entry(_BROADCAST, tensor.dtype, root)
         if entry is None:
             return None
@@ -243,7 +243,7 @@ cdef class SmallCollectives:
         cdef Py_ssize_t status
         self._start(desc)
         with nogil:
-            status = broadcast(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, root, -1)
+            status = broadcast(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, <int>root, -1)
         schedule = self.schedule
         return self._ran(status, base, desc, lambda b, resume: schedule.broadcast(b, desc, addr, nbytes, root, resume),
                          tensors, async_op)
