@@ -25,12 +25,13 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from shmcoll import _schedules, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops, placement, profiling, sparse
+from shmcoll import (_schedules, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops, placement,
+                     profiling, sparse)
 from shmcoll._env import read_settings
-from shmcoll.algorithms import allreduce as allreduce_algorithm
-from shmcoll.algorithms import schedule as schedule_driver
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
+from shmcoll.algorithms import allreduce as allreduce_algorithm
+from shmcoll.algorithms import schedule as schedule_driver
 from shmcoll.errors import AbortedError, ShmcollError
 from shmcoll.work import ProgressEngine, ending
 
@@ -544,8 +545,8 @@ class Collectives:
         with self._teardown:
             if self._placement is not None:
                 self._engine.close()
-                # Refused from here on, before the arena goes: the compiled small all-reduce holds the arena
-                # itself, not the placement, and checks only this.
+                # Refused from here on, before the arena goes: the compiled small collectives hold the arena
+                # itself, not the placement, and check only this.
                 self._error = self._error or ShmcollError("this shm process group was shut down")
                 _until(lambda: not self._in_collective, None)  # one still running on another thread
                 self._placement.close()
