@@ -34,6 +34,21 @@ def unwrapped(int64_t base, uint32_t step) -> int:
     return _unwrapped(base, step)
 
 
+cdef class _Resume:
+    """``call(base, resume)`` for ``finish_run``: ``method(base, *args, resume)``, one of the Schedule's. Made only
+    where a call needs the slow rest (a closure in each method would be made on every call)."""
+
+    cdef object method
+    cdef tuple args
+
+    def __cinit__(self, method, tuple args):
+        self.method = method
+        self.args = args
+
+    def __call__(self, base, resume):
+        return self.method(base, *self.args, resume)
+
+
 cdef class SmallCollectives:
     """The group's all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor run here, where a
     call is plain contiguous CPU tensors of a plan admitted before, of a size the placement runs on one lane
@@ -155,11 +170,12 @@ cdef class SmallCollectives:
             self.group._in_collective = False
         return None
 
-    cdef object _ran(self, Py_ssize_t status, int64_t base, uint64_t desc, call, result, bint async_op):
+    cdef object _ran(self, Py_ssize_t status, int64_t base, uint64_t desc, _Resume call, result, bint async_op):
         """After the first call of a schedule that started after step ``base``: its record (as
-        ``shmcoll.algorithms.schedule.run`` keeps it) where it finished, else ``finish_run``; the call's Work."""
+        ``shmcoll.algorithms.schedule.run`` keeps it) where it finished, else ``finish_run`` with ``call``
+        (None where it finished); the call's Work."""
         cdef int64_t reached
-        if status == STATUS_DONE:
+        if status == STATUS_DONE:  # steps.record_schedule(posted, reached), less its Python call
             steps = self.steps
             steps.step = _unwrapped(base, self.schedule.s.posted)
             reached = _unwrapped(base, self.schedule.s.reached)
@@ -210,7 +226,7 @@ cdef class SmallCollectives:
         with nogil:
             status = one_shot(&self.schedule.s, <uint32_t>step, desc, <char *>addr, count, <int>itemsize, kernel,
                               op, scale, False)
-        if status == STATUS_DONE:
+        if status == STATUS_DONE:  # steps.record_schedule(step, step), less its Python call
             self.steps.step = step
             self.steps.all_reached = step
             self.group._in_collective = False
@@ -244,9 +260,8 @@ cdef class SmallCollectives:
         self._start(desc)
         with nogil:
             status = broadcast(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, <int>root, -1)
-        schedule = self.schedule
-        return self._ran(status, base, desc, lambda b, resume: schedule.broadcast(b, desc, addr, nbytes, root, resume),
-                         tensors, async_op)
+        return self._ran(status, base, desc, None if status == STATUS_DONE else
+                         _Resume(self.schedule.broadcast, (desc, addr, nbytes, root)), tensors, async_op)
 
     def allgather_into(self, output, input, opts):
         """``group.all_gather_single(output, input, opts)`` on one lane of the copy path, or None."""
@@ -270,10 +285,8 @@ cdef class SmallCollectives:
         self._start(desc)
         with nogil:
             status = allgather(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, <char *>out, nbytes, -1)
-        schedule = self.schedule
-        return self._ran(status, base, desc,
-                         lambda b, resume: schedule.allgather(b, desc, addr, nbytes, out, nbytes, resume),
-                         [output], async_op)
+        return self._ran(status, base, desc, None if status == STATUS_DONE else
+                         _Resume(self.schedule.allgather, (desc, addr, nbytes, out, nbytes)), [output], async_op)
 
     def reduce_scatter(self, output, input, opts):
         """``group.reduce_scatter_single(output, input, opts)`` on one lane of the copy path, or None."""
@@ -302,8 +315,6 @@ cdef class SmallCollectives:
             status = reduce_scatter(&self.schedule.s, <uint32_t>base, desc, <char *>addr, count, count, <int>itemsize,
                                     <char *>out, apart(out, addr, count, count, <int>itemsize, self.size),
                                     <kernel_t>kernel, op, scale, -1)
-        schedule = self.schedule
-        return self._ran(status, base, desc,
-                         lambda b, resume: schedule.reduce_scatter(b, desc, addr, count, count, itemsize, out, kernel,
-                                                                   op, scale, resume),
-                         [output], async_op)
+        return self._ran(status, base, desc, None if status == STATUS_DONE else
+                         _Resume(self.schedule.reduce_scatter, (desc, addr, count, count, itemsize, out, kernel, op,
+                                                                scale)), [output], async_op)
