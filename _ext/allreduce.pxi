@@ -1,4 +1,5 @@
-# All-reduce and reduce over the arena's slots: one step for small messages, chunked pairs of steps above.
+# All-reduce and reduce over the arena's slots: one step for small messages, one-shot steps or chunked pairs of
+# steps above.
 # Textually included by schedules.pyx (after lines.pxi and steps.pxi); every function runs without the GIL.
 #
 # Every result is reduced in rank order (rank 0's data first), as in shmcoll.kernels, so the one-shot and the
@@ -17,8 +18,48 @@ cdef Py_ssize_t one_shot(sched_t *s, uint32_t step, uint64_t desc, char *addr, P
         return 0
     if _first_mismatch(s.lines, 0, s.size, step, desc) >= 0:
         return STATUS_MISMATCH
-    kernel(addr, slot(s, step, 0), slot(s, step, 1), s.size - 1, s.stride // itemsize,
-           count, op, scale)
+    if s.size == 2:  # our input read where it is (in cache, and not the line the peer is reading)
+        kernel(addr, first_row(s, step, 0, addr), other_rows(s, step, 0, addr), 1, s.stride // itemsize, count,
+               op, scale)
+    else:  # every row from the slots: an output that is one of several inputs takes the kernel's slower loops
+        kernel(addr, slot(s, step, 0), slot(s, step, 1), s.size - 1, s.stride // itemsize, count, op, scale)
+    return STATUS_DONE
+
+
+# All-reduce ``count`` elements at ``addr`` (any size) in one-shot steps of one slot each: step base + c + 1
+# publishes chunk c whole, and every rank reduces every rank's slot of it straight into ``addr``. One meeting
+# per chunk where ``chunked`` has two; each rank reads every other rank's chunk, so it pays where the ranks are
+# few (shmcoll.algorithms.allreduce says where). Writing step base + c + 1's buffer is safe: every rank has
+# reached base + c, which it posts only once done reading that buffer at base + c - 1.
+#
+# Wait position c waits for step base + c + 1; ``resume`` is -1 for a fresh start, or the position returned
+# by the previous call once its step has been reached by every rank. Every rank must have reached ``base``.
+# Returns DONE, MISMATCH, or the position of the wait that expired.
+cdef Py_ssize_t one_shot_steps(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t count,
+                                int itemsize, kernel_t kernel, int64_t op, double scale,
+                                Py_ssize_t resume) noexcept nogil:
+    cdef Py_ssize_t per = s.chunk_bytes // itemsize
+    cdef Py_ssize_t c = 0 if resume < 0 else resume
+    cdef Py_ssize_t start, n
+    cdef uint32_t step
+    cdef bint posted = resume >= 0
+    cdef char *mine
+    while c * per < count:
+        start = c * per
+        n = per if count - start > per else count - start
+        step = <uint32_t>(base + c + 1)
+        if not posted:
+            memcpy(slot(s, step, s.me), addr + start * itemsize, n * itemsize)
+            post_step(s, step, desc)
+        posted = False
+        if all_reached(s, step) >= 0:
+            return c
+        if c == 0 and _first_mismatch(s.lines, 0, s.size, step, desc) >= 0:
+            return STATUS_MISMATCH
+        mine = addr + start * itemsize
+        kernel(mine, first_row(s, step, 0, mine), other_rows(s, step, 0, mine), s.size - 1, s.stride // itemsize,
+               n, op, scale)
+        c += 1
     return STATUS_DONE
 
 

@@ -6,7 +6,7 @@ microseconds per step: most of an 8-byte all-reduce, a sixth of a large one.
 Here one call runs a whole schedule with the GIL released, calling the Numba
 reduction kernels by address (``shmcoll.kernel_abi``). One file per collective:
 
-    allreduce.pxi        one_shot (one step) and chunked (all-reduce, reduce)
+    allreduce.pxi        one_shot (one step), one_shot_steps and chunked (all-reduce, reduce)
     reduce_scatter.pxi   reduce_scatter
     allgather.pxi        allgather
     broadcast.pxi        broadcast
@@ -86,6 +86,14 @@ cdef class Schedule:
         with nogil:
             status = one_shot(&self.s, step, desc, <char *>addr, count, itemsize, <kernel_t>kernel, op, scale,
                               resume)
+        return status
+
+    def one_shot_steps(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize,
+                       uintptr_t kernel, int64_t op, double scale, Py_ssize_t resume):
+        cdef Py_ssize_t status
+        with nogil:
+            status = one_shot_steps(&self.s, base, desc, <char *>addr, count, itemsize, <kernel_t>kernel, op,
+                                    scale, resume)
         return status
 
     def chunked(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize,

@@ -92,6 +92,37 @@ def test_chunked_all_reduce_and_reduce_resume_anywhere(size, dtype, root, monkey
     segment.close()
 
 
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_one_shot_steps_resume_anywhere_and_match_chunked(size, dtype, monkeypatch):
+    """One-shot steps (one slot per step, the last one short) alternate with the chunked schedule on the
+    same arena, whose steps and buffers they share; both give the reference's result, in the same bits."""
+    segment, handles = _arenas(size, monkeypatch)
+    itemsize = np.dtype(dtype).itemsize
+    entry = kernel_library.entry_point(np.dtype(dtype).name)
+    per = CHUNK // itemsize
+    counts = [1, 2, 7, per - 1, per, per + 1, 3 * per + 5, 10 * per - 1]
+    inputs = {c: _inputs(size, c, dtype, 100 + c) for c in counts}
+    stepped = {c: [x.copy() for x in inputs[c]] for c in counts}
+    chunked = {c: [x.copy() for x in inputs[c]] for c in counts}
+
+    def body(rank):
+        for c in counts:
+            allreduce.one_shot_steps(handles[rank], stepped[c][rank].ctypes.data, c, itemsize, entry, kernels.SUM,
+                                     1.0, 4321)
+            allreduce.reduce_scatter_allgather(handles[rank], chunked[c][rank].ctypes.data, c, itemsize, entry,
+                                               kernels.SUM, 1.0, 4321)
+
+    _run_ranks(size, body)
+    for c in counts:
+        expected = np.sum(np.stack(inputs[c]).astype(np.float64), axis=0)
+        for r in range(size):
+            np.testing.assert_allclose(stepped[c][r], expected, rtol=1e-5, atol=1e-5)
+            assert stepped[c][r].tobytes() == chunked[c][r].tobytes(), (c, r)
+    del handles
+    segment.close()
+
+
 @pytest.mark.parametrize("size", [2, 4])
 def test_one_shot_and_reduce_scatter_resume(size, monkeypatch):
     segment, handles = _arenas(size, monkeypatch)
@@ -120,8 +151,9 @@ def test_one_shot_and_reduce_scatter_resume(size, monkeypatch):
     segment.close()
 
 
-def test_mismatch_is_raised_after_a_resume(monkeypatch):
-    """Two thread-ranks run different collectives: both raise, naming the other's."""
+@pytest.mark.parametrize("schedule", [allreduce.reduce_scatter_allgather, allreduce.one_shot_steps])
+def test_mismatch_is_raised_after_a_resume(schedule, monkeypatch):
+    """Two thread-ranks run different collectives: both raise, naming the other's, their tensors untouched."""
     from shmcoll.errors import CollectiveError
 
     segment, handles = _arenas(2, monkeypatch)
@@ -131,13 +163,13 @@ def test_mismatch_is_raised_after_a_resume(monkeypatch):
 
     def body(rank):
         try:
-            allreduce.reduce_scatter_allgather(handles[rank], data[rank].ctypes.data, 4 * CHUNK, 4, entry,
-                                               kernels.SUM, 1.0, 1000 + rank)
+            schedule(handles[rank], data[rank].ctypes.data, 4 * CHUNK, 4, entry, kernels.SUM, 1.0, 1000 + rank)
         except CollectiveError as error:
             raised.append(str(error))
 
     _run_ranks(2, body)
     assert len(raised) == 2 and all("mismatched collectives" in text for text in raised), raised
+    assert all(np.array_equal(d, np.ones(4 * CHUNK, np.float32)) for d in data), "a mismatch wrote a tensor"
     del handles
     segment.close()
 

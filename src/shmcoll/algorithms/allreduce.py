@@ -1,4 +1,5 @@
-"""All-reduce: one-shot for small messages, chunked reduce-scatter + all-gather for large.
+"""All-reduce: one-shot for small messages; above, one-shot steps of a slot each between two ranks, chunked
+reduce-scatter + all-gather between more.
 
 Both run as one call into ``shmcoll._schedules`` (copies, steps, waits and the
 kernel, without the GIL); Python only steps in when a wait outlasts its slice,
@@ -14,6 +15,21 @@ from shmcoll.waits import STEP_MASK
 # beyond 4 ranks its limit falls with the square of the ranks (an estimate from 2 x 8 to 16 x 1 ranks on 16 cores,
 # where a 64 KiB one-shot took longer than a 256 KiB chunked all-reduce: BENCHMARKS.md, "Threads per rank").
 ONE_SHOT_RANKS_BYTES = 1 << 20
+
+
+# Between two ranks every all-reduce is one-shot, in steps of one slot above the one-step limit: each rank reads
+# the other's whole input either way (the chunked schedule reads its half to reduce and the other's half of the
+# result), so one-shot steps copy no more and meet once per chunk instead of twice. On the 2-core AMD VM they
+# took 1-4 MiB float32 in about half the chunked schedule's time (BENCHMARKS.md, "All-reduce between two ranks").
+# A rank's lanes keep the chunked schedule: on 16 cores a one-shot per lane lost to it at 2 x 8 for bfloat16,
+# whose kernel is the dearer part there (BENCHMARKS.md, "Threads per rank").
+ONE_SHOT_STEPS_RANKS = 2
+
+
+def one_shot_steps_apply(local_size: int, lanes: int) -> bool:
+    """Whether all-reduces above the one-step limit run in one-shot steps (``one_shot_steps``) rather than
+    chunked: between ``ONE_SHOT_STEPS_RANKS`` ranks that have one lane each."""
+    return local_size <= ONE_SHOT_STEPS_RANKS and lanes < 2
 
 
 def one_shot_limit(small_bytes: int, chunk_bytes: int, local_size: int, lanes: int = 1,
@@ -53,6 +69,14 @@ def finish_one_shot(arena, step: int, status: int, desc: int, addr: int, count: 
             schedule.settle(arena, status, step, desc)
             status = arena.schedule.one_shot(step & STEP_MASK, desc, addr, count, itemsize, kernel, op, scale, True)
     arena.record_schedule(step, step)
+
+
+def one_shot_steps(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float,
+                   desc: int) -> None:
+    """Per chunk of a slot: everyone publishes it whole, then reduces every rank's copy into its output."""
+    steps = arena.schedule.one_shot_steps
+    schedule.run(arena, arena.schedule, desc, lambda base, resume: steps(base, desc, addr, count, itemsize, kernel,
+                                                                         op, scale, resume))
 
 
 def reduce_scatter_allgather(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float,

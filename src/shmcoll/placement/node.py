@@ -104,9 +104,14 @@ class OneNode(OnArena):
         self.rank = rank
         self.waits = waits  # waits.Policy
         self.lanes = lanes  # large collectives over several threads (shmcoll.lanes)
+        # Between two ranks with one lane each, every all-reduce is one-shot: in one step up to a slot, in steps
+        # of a slot above (allreduce.ONE_SHOT_STEPS_RANKS); between more, chunked reduce-scatter + all-gather
+        # above the one-shot's limit.
+        self.one_shot_steps = allreduce.one_shot_steps_apply(arena.local_size, lanes.count)
         # All-reduces up to this size exchange everything in one step (one slot per rank, or per rank and lane).
-        self.one_shot_bytes = allreduce.one_shot_limit(settings.small_bytes, arena.chunk_bytes, arena.local_size,
-                                                       lanes.count, lanes.split_bytes, lanes.share_bytes)
+        self.one_shot_bytes = arena.chunk_bytes if self.one_shot_steps else allreduce.one_shot_limit(
+            settings.small_bytes, arena.chunk_bytes, arena.local_size, lanes.count, lanes.split_bytes,
+            lanes.share_bytes)
         self.settings = settings
         self.nodes = [arena.ranks]
         self.single_copy = single_copy  # the node's single_copy.Verdict
@@ -190,6 +195,9 @@ class OneNode(OnArena):
         if self._single_copy("all_reduce" if root is None else "reduce", work.numel() * itemsize):
             return allreduce.single_copy(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
                                          red.scale, desc, root)
+        if root is None and self.one_shot_steps:
+            return allreduce.one_shot_steps(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
+                                            red.scale, desc)
         lanes = self._lanes_for(work.numel() * itemsize)
         if lanes > 1:
             return self.lanes.run(_lanes.CHUNKED, lanes, desc, work.numel(), itemsize, addr, kernel=red.kernel,
@@ -354,7 +362,9 @@ class OneNode(OnArena):
         arena, s = self.arena, self.settings
         return [f"  arena: {arena.segment.size / 2**20:.1f} MiB for {arena.local_size} local ranks, "
                 f"{s.chunk_bytes // 1024} KiB chunks, {s.p2p_bytes // 1024} KiB p2p channels",
-                f"  all_reduce: one-shot up to {self.one_shot_bytes} B, chunked reduce-scatter + all-gather above",
+                f"  all_reduce: one-shot up to {self.one_shot_bytes} B, "
+                + ("one-shot steps of a chunk above" if self.one_shot_steps else
+                   "chunked reduce-scatter + all-gather above"),
                 f"  threads per collective: up to {self.lanes.count} (one per {s.thread_bytes // 1024} KiB "
                 f"of message)",
                 "  single copy: " + (f"off ({self.single_copy.refused})" if self.single_copy.refused else
