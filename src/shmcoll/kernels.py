@@ -34,8 +34,8 @@ NOT uint8; every other dtype its own, ``t.numpy()``; ``out`` writeable,
   SUM of up to three rows (one for bfloat16) into an output that is none of
   its inputs, which is what most collectives do, runs as such a one-pass loop
   instead: without the accumulator it is 10-25% faster (float16 1.6x); so
-  does a float SUM of one row into an output that is one of the two inputs
-  (a loop over the output and the other input only: no alias check).
+  does a SUM of one row into an output that is one of the two inputs (a
+  loop over the output and the other input only: no alias check).
 * Any wrong array type, dimension count or layout (non-contiguous 1-D, wrong
   dtype such as float16 passed as numpy float16 instead of uint16) raises
   ``TypeError`` from the dispatcher ("No matching definition").
@@ -120,6 +120,9 @@ def _check(out, first, rows):
     return n
 
 
+OUT_IS_FIRST, OUT_IS_ROW = 1, 2  # _in_place
+
+
 @register_jitable
 def _separate(out, first, rows):
     """``out`` is not ``first`` nor any row (the case the one-pass SUM loops are fast for)."""
@@ -130,6 +133,20 @@ def _separate(out, first, rows):
         if a == rows.ctypes.data + r * rows.strides[0]:
             return False
     return True
+
+
+@register_jitable
+def _in_place(out, first, rows):
+    """For one row: OUT_IS_FIRST or OUT_IS_ROW where ``out`` is that input (and not the other), else 0. A loop
+    over ``out`` and the other input only vectorises where out[i] = first[i] + row[i] would meet LLVM's alias
+    check (a two-rank one-shot reduces into the caller's tensor, which is first on rank 0 and the row on rank 1;
+    first still comes first)."""
+    a, f, r = out.ctypes.data, first.ctypes.data, rows.ctypes.data
+    if a == f and a != r:
+        return OUT_IS_FIRST
+    if a == r and a != f:
+        return OUT_IS_ROW
+    return 0
 
 
 @register_jitable
@@ -149,8 +166,8 @@ def _reduce_float(out, first, rows, op, scale):
     done = 0
     # A plain SUM of up to 3 rows (2-4 ranks) into a separate output, in one pass without the
     # accumulator: 10-25% faster (float16: 1.6x). An output that is also an input takes the
-    # in-place loop below (one row) or the accumulator loops: LLVM's runtime alias check would
-    # send this one to its scalar fallback (up to 7x slower).
+    # in-place loop below (one row, _in_place) or the accumulator loops: LLVM's runtime alias
+    # check would send this one to its scalar fallback (up to 7x slower).
     if op == SUM and not divide and not do_scale and 1 <= k <= 3 and _separate(out, first, rows):
         p0 = row_ptr(rows, 0)
         if k == 1:
@@ -166,19 +183,15 @@ def _reduce_float(out, first, rows, op, scale):
             for i in range(n):
                 po[i] = ((pf[i] + p0[i]) + p1[i]) + p2[i]
         done = n
-    elif op == SUM and not divide and not do_scale and k == 1:
-        # In place (a two-rank one-shot step reduces into the caller's tensor, which is first on rank 0 and
-        # the row on rank 1): a loop that names only the output and the other input vectorises, where
-        # out[i] = first[i] + row[i] would meet LLVM's alias check (first still comes first).
-        a, p0 = out.ctypes.data, row_ptr(rows, 0)
-        if a == first.ctypes.data and a != rows.ctypes.data:
+    elif op == SUM and not divide and not do_scale and k == 1 and _in_place(out, first, rows):
+        p0 = row_ptr(rows, 0)
+        if _in_place(out, first, rows) == OUT_IS_FIRST:
             for i in range(n):
                 po[i] = po[i] + p0[i]
-            done = n
-        elif a == rows.ctypes.data and a != first.ctypes.data:
+        else:
             for i in range(n):
                 po[i] = pf[i] + po[i]
-            done = n
+        done = n
     for i0 in range(done, n, BLOCK):
         m = min(BLOCK, n - i0)
         r0 = 0
@@ -261,6 +274,15 @@ def _reduce_f16(out, first, rows, op, scale):
             for i in range(n):
                 po[i] = f2h(((h2f(pf[i]) + h2f(p0[i])) + h2f(p1[i])) + h2f(p2[i]))
         done = n
+    elif op == SUM and not divide and not do_scale and k == 1 and _in_place(out, first, rows):
+        p0 = row_ptr(rows, 0)
+        if _in_place(out, first, rows) == OUT_IS_FIRST:
+            for i in range(n):
+                po[i] = f2h(h2f(po[i]) + h2f(p0[i]))
+        else:
+            for i in range(n):
+                po[i] = f2h(h2f(pf[i]) + h2f(po[i]))
+        done = n
     for i0 in range(done, n, BLOCK):
         m = min(BLOCK, n - i0)
         r0 = 0
@@ -341,6 +363,19 @@ def _reduce_bf16(out, first, rows, op, scale):
             a = ld_pair(pf, p)
             b = ld_pair(q0, p)
             st_pair(po, p, bf_pack(bf_lo(a) + bf_lo(b), bf_hi(a) + bf_hi(b)))
+        done = npairs
+    elif op == SUM and not divide and not do_scale and k == 1 and _in_place(out, first, rows):
+        q0 = row_ptr(rows, 0)
+        if _in_place(out, first, rows) == OUT_IS_FIRST:
+            for p in range(npairs):
+                a = ld_pair(po, p)
+                b = ld_pair(q0, p)
+                st_pair(po, p, bf_pack(bf_lo(a) + bf_lo(b), bf_hi(a) + bf_hi(b)))
+        else:
+            for p in range(npairs):
+                a = ld_pair(pf, p)
+                b = ld_pair(po, p)
+                st_pair(po, p, bf_pack(bf_lo(a) + bf_lo(b), bf_hi(a) + bf_hi(b)))
         done = npairs
     for p0 in range(done, npairs, half):
         m = min(half, npairs - p0)
