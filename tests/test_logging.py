@@ -13,7 +13,9 @@ SUMMARY = "shm process group of 2 ranks on 1 node(s)"
 def test_info_summary_on_first_rank_only():
     result = spawn("tests.logging_scenarios:collectives", 2, env={"SHMCOLL_LOG_LEVEL": "INFO"}, timeout=90)
     assert_job_passes(result, min_cases=1)
-    assert SUMMARY in result.outputs[0] and "one-shot up to 65536 B" in result.outputs[0], result.outputs[0]
+    # Two ranks with one thread each: one-shot in one step up to a slot (512 KiB by default), in steps above.
+    assert SUMMARY in result.outputs[0], result.outputs[0]
+    assert "one-shot up to 524288 B, one-shot steps of a chunk above" in result.outputs[0], result.outputs[0]
     assert SUMMARY not in result.outputs[1], result.outputs[1]
     assert "all_reduce(sum" not in result.outputs[0]  # per-collective lines are DEBUG
 
