@@ -2,7 +2,7 @@
 
 One thread copies and reduces at a fraction of what a rank's cores can move
 (2 ranks x 8 threads on 16 cores: one thread moves ~12% of it). So a collective
-of at least ``split_bytes`` is cut into ``n`` lanes (``OneNode._lanes_for``): lane j takes the j-th
+of at least ``split_bytes`` is cut into ``n`` lanes (``Lanes.for_bytes``): lane j takes the j-th
 stretch of the message (cache-line aligned) and runs the ordinary schedule on
 it, over its own control lines and slots (``Arena.lane_schedules``). Thread j of
 every rank drives lane j, so threads of one rank never wait for each other
@@ -81,11 +81,16 @@ class Lanes:
         self._pool = None  # started by the first collective that splits (a group may never need its threads)
         self._lines: list[int] = []
 
+    def for_bytes(self, nbytes: int) -> int:
+        """Lanes for a message of ``nbytes`` per rank, decided here alone: 1 below ``split_bytes``, else one per
+        ``min_bytes``, at most ``count``; a function of the size alone, as lanes must pair across ranks."""
+        return 1 if nbytes < self.split_bytes else min(self.count, nbytes // self.min_bytes)
+
     def run(self, kind: int, lanes: int, desc: int, count: int, itemsize: int, addr: int, *, out: int = 0,
             block_stride: int = 0, out_stride: int = 0, kernel: int = 0, op: int = 0, scale: float = 1.0,
             root: int = -1) -> None:
         """One collective of ``kind`` over ``count`` items of ``itemsize`` bytes at ``addr``, on ``lanes`` lanes
-        (``OneNode._lanes_for``; at least 2): the schedules' arguments as ``shmcoll.algorithms`` passes them."""
+        (``for_bytes``; at least 2): the schedules' arguments as ``shmcoll.algorithms`` passes them."""
         arena = self.arena
         if self._pool is None:
             schedules = arena.lane_schedules()

@@ -219,14 +219,12 @@ def test_the_one_shot_limit_is_within_one_slot():
 def test_every_one_shot_over_lanes_fits_its_slots(small, chunk, thread_bytes):
     """Every all-reduce up to the one-shot limit fits the slots it runs in: one slot of the arena's on one
     lane, each lane's stretch (as _schedules.Pool.start cuts it) in that lane's slot on several."""
-    from shmcoll.placement.node import OneNode
-
     for ranks in (2, 3, 4, 8, 16):
         for count in (2, 3, 4, 8, 16):
             pool = lanes.Lanes(SimpleNamespace(lane_count=count, chunk_bytes=chunk), thread_bytes)
             limit = allreduce.one_shot_limit(small, chunk, ranks, count, pool.split_bytes, pool.share_bytes)
             for nbytes in range(1, limit + 1, 61):
-                n = OneNode._lanes_for(SimpleNamespace(lanes=pool), nbytes)
+                n = pool.for_bytes(nbytes)
                 if n == 1:
                     assert nbytes <= chunk, (ranks, count, nbytes)
                     continue

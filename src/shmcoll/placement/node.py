@@ -123,7 +123,7 @@ class OneNode(OnArena):
         # The messages that run on the caller's thread in one C schedule call on one lane: the all-reduces of
         # one one-shot step, and the broadcasts, all-gathers and reduce-scatters (per block) of the copy path
         # below single copy's span; what the group's compiled small collectives take (_schedules.SmallCollectives).
-        one_lane = int(min(lanes.split_bytes - 1, _NO_LIMIT_BYTES))  # what _lanes_for leaves on one lane
+        one_lane = int(min(lanes.split_bytes - 1, _NO_LIMIT_BYTES))  # what for_bytes leaves on one lane
         self.one_lane_bytes = {"all_reduce": min(self.one_shot_bytes, one_lane),
                                **{kind: min(one_lane, self._below_single_copy(kind))
                                   for kind in ("broadcast", "all_gather", "reduce_scatter")}}
@@ -138,17 +138,10 @@ class OneNode(OnArena):
         (``single_copy_spans``), and on one thread (lanes, where a rank has several, split the copy path
         over them instead)."""
         span = self.single_copy_spans.get(kind)
-        if span is None or self._lanes_for(nbytes) > 1:
+        if span is None or self.lanes.for_bytes(nbytes) > 1:
             return False
         least, most = span
         return least <= nbytes and (most is None or nbytes <= most)
-
-    def _lanes_for(self, nbytes: int) -> int:
-        """Lanes for a message of ``nbytes`` per rank, decided here alone: 1 below the lanes' ``split_bytes``,
-        else one per ``min_bytes``, at most their ``count``; a function of the size alone, as lanes must pair
-        across ranks."""
-        lanes = self.lanes
-        return 1 if nbytes < lanes.split_bytes else min(lanes.count, nbytes // lanes.min_bytes)
 
     def _single_copy_alltoall(self) -> bool:
         """Whether all_to_all reads the peers' buffers directly: at every size or none (its ranks' sizes differ,
@@ -173,7 +166,7 @@ class OneNode(OnArena):
         """All-reduce in one step: ``tensor`` contiguous, ``count`` (> 0) elements of ``red``'s dtype, at most
         ``one_shot_bytes``; the surface's small all-reduce path calls it directly."""
         addr, itemsize = tensor.data_ptr(), red.dtype.numpy.itemsize
-        lanes = self._lanes_for(count * itemsize)
+        lanes = self.lanes.for_bytes(count * itemsize)
         if lanes > 1:
             return self.lanes.run(_lanes.ONE_SHOT, lanes, desc, count, itemsize, addr, kernel=red.kernel,
                                   op=red.op.kernel, scale=red.scale)
@@ -198,7 +191,7 @@ class OneNode(OnArena):
         if root is None and self.one_shot_steps:
             return allreduce.one_shot_steps(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
                                             red.scale, desc)
-        lanes = self._lanes_for(work.numel() * itemsize)
+        lanes = self.lanes.for_bytes(work.numel() * itemsize)
         if lanes > 1:
             return self.lanes.run(_lanes.CHUNKED, lanes, desc, work.numel(), itemsize, addr, kernel=red.kernel,
                                   op=red.op.kernel, scale=red.scale, root=-1 if root is None else root)
@@ -219,7 +212,7 @@ class OneNode(OnArena):
             reduce_scatter.single_copy(self.arena, source.data_ptr(), block, itemsize, red.kernel, red.op.kernel,
                                        red.scale, into, desc)
             return unstage(out, target)
-        lanes = self._lanes_for(block * itemsize)
+        lanes = self.lanes.for_bytes(block * itemsize)
         if lanes > 1:
             self.lanes.run(_lanes.REDUCE_SCATTER, lanes, desc, block, itemsize, addr, out=into, block_stride=block,
                            kernel=red.kernel, op=red.op.kernel, scale=red.scale)
@@ -238,7 +231,7 @@ class OneNode(OnArena):
         if self._single_copy("broadcast", tensor.nbytes):
             broadcast.single_copy(self.arena, addr, tensor.nbytes, root, desc)
             return unstage(tensor, work)
-        lanes = self._lanes_for(tensor.nbytes)
+        lanes = self.lanes.for_bytes(tensor.nbytes)
         if lanes > 1:
             self.lanes.run(_lanes.BROADCAST, lanes, desc, tensor.nbytes, 1, addr, root=root)
         else:
@@ -275,7 +268,7 @@ class OneNode(OnArena):
                 addr = source.data_ptr()
             allgather.single_copy(self.arena, addr, nbytes, out, nbytes, desc)
             return unstage(output, target)
-        lanes = self._lanes_for(nbytes)
+        lanes = self.lanes.for_bytes(nbytes)
         if lanes > 1:
             self.lanes.run(_lanes.ALLGATHER, lanes, desc, nbytes, 1, addr, out=out, out_stride=nbytes)
         else:
