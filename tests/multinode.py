@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from tests.scenarios import (R, _data, _equal, check_all_gather_into_tensor, check_barrier, check_broadcast,
-                             make_input, reference_reduce)
+                             lane_threads, make_input, reference_reduce)
 
 # Environment of the multi-node jobs: a 4 KiB chunk reaches the multi-chunk paths with
 # small inputs, and 4 KiB segments the pipelines of several segments; the matrix's 5003
@@ -32,7 +32,8 @@ def _layout(pg) -> dict:
     return {"hierarchical": across, "flat_gloo": across,
             "nodes": where.nodes if across else None,
             "tcp_bytes": sum(link.sent for link in (where.links.rail, where.links.leaders) if link is not None)
-            if across else 0}
+            if across else 0,
+            "lane_threads": len(lane_threads())}  # started by the first collective split over lanes
 
 
 def matrix(cases, big: str = "5003"):

@@ -30,10 +30,10 @@ def _error_text(error: BaseException) -> str:
 def peer_dies(cases, victim: str, op: str):
     rank, world, victim = dist.get_rank(), dist.get_world_size(), int(victim)
     group = dist.new_group(backend="shm", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
-    layout = _layout(_backend(group))
     t = torch.ones(5003)
     dist.all_reduce(t, group=group)
     _equal(t, torch.full((5003,), float(world)), "all_reduce before the failure")
+    layout = _layout(_backend(group))  # after a collective, which started the lanes' threads where it split
     dist.barrier(group=group)
     if rank == victim:
         os.kill(os.getpid(), signal.SIGKILL)

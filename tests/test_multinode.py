@@ -180,16 +180,26 @@ def test_arena_that_cannot_be_created_fails_on_every_rank_of_every_node():
 
 # -- a rank of another node dies mid-collective ------------------------------------------
 
-@pytest.mark.parametrize("victim, op, first_errors", [
+# The node reduce-scatter of the all_reduce's rails split over three lanes (shmcoll.lanes): 64 KiB segments give
+# each local rank 10 KiB of the 5003 elements, two lanes of 4 KiB or more.
+NODE_STAGES_ON_LANES = {**SMALL_CHUNKS, "SHMCOLL_SEGMENT_BYTES": "65536", "SHMCOLL_THREAD_BYTES": "4096",
+                        "SHMCOLL_THREADS": "3"}
+
+
+@pytest.mark.parametrize("victim, op, env, first_errors", [
     # rank 2's arena wait sees 3 dead and closes its rail; rank 0 then loses rail 0, rank 1 rail 1.
-    (3, "all_reduce", {0: "on rail 0 (ranks 0, 2) failed", 1: "on rail 1 (ranks 1, 3) failed", 2: "rank(s) 3 died"}),
+    (3, "all_reduce", SMALL_CHUNKS,
+     {0: "on rail 0 (ranks 0, 2) failed", 1: "on rail 1 (ranks 1, 3) failed", 2: "rank(s) 3 died"}),
+    # The same with rank 0's node stage on lanes: one of its lanes waits for rank 1.
+    (1, "all_reduce", NODE_STAGES_ON_LANES,
+     {0: "rank(s) 1 died", 2: "on rail 0 (ranks 0, 2) failed", 3: "on rail 1 (ranks 1, 3) failed"}),
     # rank 0's exchange with the other leader fails; rank 1, waiting in the node barrier for rank 0 (alive), is told at once.
-    (2, "barrier", {0: "on the leaders' link (ranks 0, 2) failed", 1: "rank 0 gave up",
-                    3: "rank(s) 2 died"}),
-], ids=["all_reduce-rank3-dies", "barrier-rank2-dies"])
-def test_peer_dying_mid_collective_makes_the_group_unusable(victim, op, first_errors):
+    (2, "barrier", SMALL_CHUNKS, {0: "on the leaders' link (ranks 0, 2) failed", 1: "rank 0 gave up",
+                                  3: "rank(s) 2 died"}),
+], ids=["all_reduce-rank3-dies", "all_reduce-on-lanes-rank1-dies", "barrier-rank2-dies"])
+def test_peer_dying_mid_collective_makes_the_group_unusable(victim, op, env, first_errors):
     before = shm_entries()
-    result = spawn("tests.multinode_faults:peer_dies", 4, backend="gloo", env=SMALL_CHUNKS, args=[str(victim), op],
+    result = spawn("tests.multinode_faults:peer_dies", 4, backend="gloo", env=env, args=[str(victim), op],
                    rank_env=_hosts([0, 0, 1, 1]), timeout=4 * GROUP_TIMEOUT_S)
     assert result.returncodes[victim] == -signal.SIGKILL, result.outputs[victim]
     for rank, expected in first_errors.items():
@@ -198,6 +208,7 @@ def test_peer_dying_mid_collective_makes_the_group_unusable(victim, op, first_er
         failed = {case: error for case, error in report["cases"].items() if error is not None}
         assert not failed and len(report["cases"]) == 5, failed
         assert report["layout"]["hierarchical"], report
+        assert (report["layout"]["lane_threads"] > 0) == ("SHMCOLL_THREADS" in env), report["layout"]
         assert expected in report["first_error"], report["first_error"]
         # Well before the group's timeout: nobody waited for a rank that had given up.
         assert report["elapsed"] < GROUP_TIMEOUT_S / 3, report

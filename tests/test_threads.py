@@ -54,3 +54,23 @@ def test_idle_lane_threads_sleep():
     """After a collective split over lanes the lane threads use no CPU, and destroy_process_group ends them."""
     result = spawn("tests.scenarios:lane_threads_sleep", 2, env={"SHMCOLL_THREADS": "4"})
     assert_job_passes(result, min_cases=4)
+
+
+# Across nodes: segments of 64 KiB give the node stages of the rails' pipelines 32 KiB per rank, and the leaders'
+# plans (nodes of unequal size) reduce and broadcast the whole 80 KiB message on the node, so that every node stage
+# that splits runs on two and three lanes.
+LANES_ACROSS = {**LANES, "SHMCOLL_SEGMENT_BYTES": "65536"}
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("rank_nodes", [[0, 0, 1, 1], [0, 0, 0, 1]], ids=["2x2", "3+1"])
+def test_node_stages_across_nodes_over_lanes(rank_nodes, threads):
+    before = shm_entries()
+    result = spawn("tests.multinode:matrix", len(rank_nodes), env={**LANES_ACROSS, "SHMCOLL_THREADS": str(threads)},
+                   args=["20011"], rank_env=lambda rank: {"SHMCOLL_HOSTID": f"node{rank_nodes[rank]}"}, timeout=150)
+    assert_job_passes(result, min_cases=206)
+    for rank, report in enumerate(result.reports):
+        alone = rank_nodes.count(rank_nodes[rank]) == 1  # no arena, no lanes
+        assert report["hierarchical"] and (report["lane_threads"] == 0 if alone else report["lane_threads"] >= 1), \
+            (rank, report["lane_threads"])
+    assert shm_entries() - before == set()

@@ -70,11 +70,9 @@ def create(store, rank: int, size: int, timeout: timedelta, settings, describe):
     keys = f"shmcoll/{incarnation}"
     settings = agree_settings(store, keys, rank, size, settings)
     topo = topology.discover(store, rank, size, topology.host_identity(settings.hostid), keys)
-    # Lanes serve collectives inside one node (the node stages of a plan across nodes run on one thread), and
-    # the arena's layout depends on how many the node's ranks agree on.
+    # Lanes serve the collectives of one node, and the node stages of the plans across nodes; the arena's layout
+    # depends on how many the node's ranks agree on (lanes pair inside a node only: nodes may differ).
     def agree_lanes(local_ranks: list[int], key: str) -> int:
-        if not topo.single_node:  # the same on every rank: no agreement needed
-            return 1
         return lanes.agree(store, key, rank, local_ranks, lanes_wanted(settings), settings.threads is not None)
 
     # A rank that cannot map its node's arena becomes a node of its own (even in a one-node job).

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from shmcoll import ops
 from shmcoll.errors import InterNodeError, ShmcollError, SizesDisagreeError
+from shmcoll.lanes import Lanes
 from shmcoll.placement.across import allgather as _allgather
 from shmcoll.placement.across import allreduce as _allreduce
 from shmcoll.placement.across import alltoall as _alltoall
@@ -83,7 +84,8 @@ class Nodes(OnArena):
         self.rank, self.size = rank, size
         self.arena = arena
         self.waits = waits
-        self.shape = Shape(rank, size, topo, arena, settings)
+        self.lanes = Lanes(arena, settings.thread_bytes) if arena is not None else None  # for the node stages
+        self.shape = Shape(rank, size, topo, arena, self.lanes, settings)
         self.links = Links(store, keys, self.shape, timeout)
         self.alltoall_agreed = _alltoall.Agreed()
         self.nodes = self.shape.nodes
@@ -174,10 +176,15 @@ class Nodes(OnArena):
                     "reduce_scatter, gather and scatter on one Gloo group over all ranks")
                  + "; point-to-point on one Gloo group over all ranks"]
         if self.arena is not None:
+            lines.append(f"  threads per node stage: up to {self.lanes.count} (one per "
+                         f"{self.lanes.min_bytes // 1024} KiB of message)")
             lines.append(self.waits.describe())
         return lines
 
     def close(self) -> None:
+        if self.lanes is not None:  # its threads first: they drive the arena's lanes
+            self.lanes.close()
+            self.lanes = None
         self._close_arena()
         # Stop the Gloo groups' worker threads now, while the interpreter is whole: left to be
         # destroyed at interpreter exit, a Gloo group can abort the process ("terminate called

@@ -17,7 +17,7 @@ class Shape:
     local rank 0, which every node has: rail 0, and a Gloo group of their own for small messages).
     """
 
-    def __init__(self, rank: int, size: int, topo, arena, settings):
+    def __init__(self, rank: int, size: int, topo, arena, lanes, settings):
         self.rank, self.size = rank, size
         self.nodes = topo.nodes
         self.node = topo.node
@@ -25,6 +25,7 @@ class Shape:
         self.local_rank = self.local_ranks.index(rank)
         self.local_size = len(self.local_ranks)
         self.arena = arena  # this node's arena; None when this rank is alone on its node
+        self.lanes = lanes  # the arena's lanes (shmcoll.lanes.Lanes), which the node stages split over; None alike
         # Plans that need every node to hold the same number of ranks (the rails then carry equal shares).
         self.uniform = len({len(ranks) for ranks in self.nodes}) == 1
         self.small_bytes = settings.small_bytes  # ``small``

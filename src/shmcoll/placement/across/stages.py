@@ -1,8 +1,9 @@
 """The node stages of the plans across nodes: shared memory inside this rank's node.
 
 Each is one of the arena's schedules (``shmcoll.algorithms``) over raw
-addresses, or its degenerate form when this rank is alone on its node (no
-arena). Reductions here produce a node's *partial* result: the op of
+addresses, split over the rank's lanes (``shmcoll.lanes``) where its size calls
+for them as on one node, or its degenerate form when this rank is alone on its
+node (no arena). Reductions here produce a node's *partial* result: the op of
 ``Reduction.across`` (AVG summed, PREMUL_SUM's factor applied once, here);
 ``partials`` combines the nodes' partials with the same kernels.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from shmcoll import lanes as _lanes
 from shmcoll import ops
 from shmcoll._copy import copy
 from shmcoll.algorithms import allgather as _allgather
@@ -31,8 +33,13 @@ def reduce_scatter(shape, source: torch.Tensor, block_count: int, block_stride: 
         if scale != 1.0:
             out.mul_(scale)
         return
-    _reduce_scatter.reduce_scatter(shape.arena, source.data_ptr(), block_count, source.element_size(), red.kernel,
-                                   op, scale, out.data_ptr(), desc, block_stride=block_stride)
+    itemsize = source.element_size()
+    lanes = shape.lanes.for_bytes(block_count * itemsize)
+    if lanes > 1:
+        return shape.lanes.run(_lanes.REDUCE_SCATTER, lanes, desc, block_count, itemsize, source.data_ptr(),
+                               out=out.data_ptr(), block_stride=block_stride, kernel=red.kernel, op=op, scale=scale)
+    _reduce_scatter.reduce_scatter(shape.arena, source.data_ptr(), block_count, itemsize, red.kernel, op, scale,
+                                   out.data_ptr(), desc, block_stride=block_stride)
 
 
 def reduce(shape, work: torch.Tensor, red: ops.Reduction, local_root: int, desc: int) -> None:
@@ -44,6 +51,9 @@ def reduce(shape, work: torch.Tensor, red: ops.Reduction, local_root: int, desc:
             work.mul_(scale)
     elif count * itemsize <= shape.one_shot_bytes:  # one step: every rank reduces, the root uses it
         _allreduce.one_shot(shape.arena, work.data_ptr(), count, itemsize, red.kernel, op, scale, desc)
+    elif (lanes := shape.lanes.for_bytes(count * itemsize)) > 1:
+        shape.lanes.run(_lanes.CHUNKED, lanes, desc, count, itemsize, work.data_ptr(), kernel=red.kernel, op=op,
+                        scale=scale, root=local_root)
     else:
         _allreduce.reduce_scatter_allgather(shape.arena, work.data_ptr(), count, itemsize, red.kernel, op, scale,
                                             desc, root=local_root)
@@ -54,6 +64,9 @@ def allgather(shape, addr: int, nbytes: int, out: int, stride: int, desc: int) -
     if shape.arena is None:
         copy(out, addr, nbytes) if out != addr else None
         return
+    lanes = shape.lanes.for_bytes(nbytes)
+    if lanes > 1:
+        return shape.lanes.run(_lanes.ALLGATHER, lanes, desc, nbytes, 1, addr, out=out, out_stride=stride)
     _allgather.allgather_strided(shape.arena, addr, nbytes, out, stride, desc)
 
 
@@ -66,8 +79,12 @@ def allgather_to(shape, addr: int, nbytes: int, outputs: list[int], desc: int) -
 
 
 def broadcast(shape, addr: int, nbytes: int, local_root: int, desc: int) -> None:
-    if shape.arena is not None and nbytes:
-        _broadcast.broadcast(shape.arena, addr, nbytes, local_root, desc)
+    if shape.arena is None or not nbytes:
+        return
+    lanes = shape.lanes.for_bytes(nbytes)
+    if lanes > 1:
+        return shape.lanes.run(_lanes.BROADCAST, lanes, desc, nbytes, 1, addr, root=local_root)
+    _broadcast.broadcast(shape.arena, addr, nbytes, local_root, desc)
 
 
 def gather(shape, addr: int, nbytes: int, local_root: int, outputs: list[int], desc: int) -> None:
