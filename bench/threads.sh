@@ -19,6 +19,9 @@
 #   oneshot  the all-reduce at 8x2 and 16x1 ranks (ONESHOT_LAYOUTS), 1-256 KiB: the default one-shot limit
 #            (allreduce.one_shot_limit, which falls with the ranks and caps SHMCOLL_SMALL_BYTES too) against
 #            two steps from 512 B on (SHMCOLL_SMALL_BYTES=512), shm only
+#   nodes    two simulated nodes (two torchruns, each its own SHMCOLL_HOSTID) of NODE_LAYOUT RANKS x THREADS each
+#            (default 2x4), 1 MiB-64 MiB, shm only: the node stages of the plans across nodes on the rank's threads
+#            (SHMCOLL_THREADS unset) against one thread (SHMCOLL_THREADS=1), alternated twice
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -26,7 +29,8 @@ LAYOUTS=${LAYOUTS:-"2x8 4x4"}
 DDP_LAYOUTS=${DDP_LAYOUTS:-$LAYOUTS}
 PEER_LAYOUTS=${PEER_LAYOUTS:-${LAYOUTS%% *}}
 ONESHOT_LAYOUTS=${ONESHOT_LAYOUTS:-"8x2 16x1"}
-PARTS=${PARTS:-"sweep base ddp peers split oneshot"}
+NODE_LAYOUT=${NODE_LAYOUT:-2x4}
+PARTS=${PARTS:-"sweep base ddp peers split oneshot nodes"}
 OUT=${RESULTS:-results/threads}
 mkdir -p "$OUT"
 first=${LAYOUTS%% *}
@@ -83,6 +87,24 @@ if wants oneshot; then
         for small in default 512; do
             SHMCOLL_SMALL_BYTES=${small/default/} sweep "$layout" "oneshot-$layout-$small" --backends shm \
                 --ops all_reduce --dtypes float32 --min-bytes 1K --max-bytes 256K --step 2 --memcpy-time 0.1
+        done
+    done
+fi
+if wants nodes; then
+    ranks=${NODE_LAYOUT%x*} threads=${NODE_LAYOUT#*x}
+    for round in 1 2; do
+        for lanes in default 1; do
+            echo "== two nodes of $NODE_LAYOUT, SHMCOLL_THREADS=$lanes, round $round" >&2
+            port=$((29600 + round * 2 + ${lanes/default/0}))
+            for node in 0 1; do  # the second in the background; both end with the job
+                SHMCOLL_HOSTID=threads-node$node SHMCOLL_THREADS=${lanes/default/} OMP_NUM_THREADS=$threads \
+                    "$PY" -m torch.distributed.run --nnodes 2 --node-rank $node --nproc-per-node "$ranks" \
+                    --master-addr 127.0.0.1 --master-port $port -m shmcoll.bench.sweep --threads "$threads" \
+                    --backends shm --min-bytes 1M --max-bytes 64M --step 4 --rounds 3 --iters-time 0.1 \
+                    --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast --dtypes float32 \
+                    --json "$OUT/nodes-$NODE_LAYOUT-lanes-$lanes-$round.json" &
+            done
+            wait
         done
     done
 fi
