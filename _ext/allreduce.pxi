@@ -18,11 +18,7 @@ cdef Py_ssize_t one_shot(sched_t *s, uint32_t step, uint64_t desc, char *addr, P
         return 0
     if _first_mismatch(s.lines, 0, s.size, step, desc) >= 0:
         return STATUS_MISMATCH
-    if s.size == 2:  # our input read where it is (in cache, and not the line the peer is reading)
-        kernel(addr, first_row(s, step, 0, addr), other_rows(s, step, 0, addr), 1, s.stride // itemsize, count,
-               op, scale)
-    else:  # every row from the slots: an output that is one of several inputs takes the kernel's slower loops
-        kernel(addr, slot(s, step, 0), slot(s, step, 1), s.size - 1, s.stride // itemsize, count, op, scale)
+    reduce_published(s, step, 0, addr, count, itemsize, kernel, op, scale)
     return STATUS_DONE
 
 
@@ -43,7 +39,6 @@ cdef Py_ssize_t one_shot_steps(sched_t *s, uint32_t base, uint64_t desc, char *a
     cdef Py_ssize_t start, n
     cdef uint32_t step
     cdef bint posted = resume >= 0
-    cdef char *mine
     while c * per < count:
         start = c * per
         n = per if count - start > per else count - start
@@ -56,9 +51,7 @@ cdef Py_ssize_t one_shot_steps(sched_t *s, uint32_t base, uint64_t desc, char *a
             return c
         if c == 0 and _first_mismatch(s.lines, 0, s.size, step, desc) >= 0:
             return STATUS_MISMATCH
-        mine = addr + start * itemsize
-        kernel(mine, first_row(s, step, 0, mine), other_rows(s, step, 0, mine), s.size - 1, s.stride // itemsize,
-               n, op, scale)
+        reduce_published(s, step, 0, addr + start * itemsize, n, itemsize, kernel, op, scale)
         c += 1
     return STATUS_DONE
 

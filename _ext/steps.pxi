@@ -1,5 +1,5 @@
 # The step primitives every copy-path schedule uses, over one sched_t (schedule.pxd), and the rows a reduction
-# reads in rank order.
+# reads in rank order, and the one-shot step's reduction of every published slot.
 # Textually included by schedules.pyx, after lines.pxi.
 
 
@@ -36,3 +36,17 @@ cdef inline char *first_row(sched_t *s, uint32_t step, Py_ssize_t offset, char *
 
 cdef inline char *other_rows(sched_t *s, uint32_t step, Py_ssize_t offset, char *own) noexcept nogil:
     return own if s.me == 1 and s.size == 2 else slot(s, step, 1) + offset
+
+
+# A one-shot step's reduction: every rank's published slot of ``step`` (``n`` items from ``offset`` bytes into
+# each) reduced in rank order into ``out``, which holds our own part. With two ranks ours is read where it is (in
+# cache, and not the line the peer is reading); with more, every row from the slots: an output that is one of
+# several inputs would take the kernel's slower loops.
+cdef inline void reduce_published(sched_t *s, uint32_t step, Py_ssize_t offset, char *out, Py_ssize_t n,
+                                  int itemsize, kernel_t kernel, int64_t op, double scale) noexcept nogil:
+    if s.size == 2:
+        kernel(out, first_row(s, step, offset, out), other_rows(s, step, offset, out), 1, s.stride // itemsize, n,
+               op, scale)
+    else:
+        kernel(out, slot(s, step, 0) + offset, slot(s, step, 1) + offset, s.size - 1, s.stride // itemsize, n, op,
+               scale)
