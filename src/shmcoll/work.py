@@ -3,7 +3,9 @@
 Collectives run in issue order, always. A synchronous call with nothing
 queued runs inline (no thread hand-off for small messages); anything else goes
 to the group's progress thread, whose hot loops release the GIL, so
-``async_op=True`` overlaps communication with the caller's computation.
+``async_op=True`` overlaps communication with the caller's computation. A
+caller that waits for a collective the thread has not taken yet runs it
+itself (``ProgressEngine.help``).
 """
 from __future__ import annotations
 
@@ -58,10 +60,11 @@ class CompletedWork(dist.Work):
 class AsyncWork(dist.Work):
     """A collective queued on the progress thread; completes its future there."""
 
-    def __init__(self, result, describe: str):
+    def __init__(self, result, describe: str, engine: ProgressEngine | None = None):
         super().__init__()
         self._result = result
         self._describe = describe
+        self._engine = engine  # whose queue it waits in (None: finished when made)
         self._done = threading.Event()
         self._error: BaseException | None = None
         # The future c10 sees is completed through then(): where the collective failed, the callback
@@ -69,16 +72,26 @@ class AsyncWork(dist.Work):
         # rethrows it, in C++ too). Future.set_exception would complete it with the exception as its
         # value, which C++ consumers take for the result: DDP's reducer read it as the reduced tensors
         # and crashed (SIGSEGV in parseCppCommHookResult) where it should raise from backward().
-        self._completion = torch.futures.Future()
-        self._future = self._completion.then(self._outcome)
+        # Both are made when first asked for (``get_future``: DDP's reducer asks, a wait does not; making
+        # them and completing them cost 5-10 us a collective).
+        self._completion: torch.futures.Future | None = None
+        self._future: torch.futures.Future | None = None
+        self._future_completed = False  # set_result called, or about to be, by finish() or get_future()
         self._source = -1
         self._event = None  # a profiler event to end with the work (``ends``)
-        self._event_lock = threading.Lock()
+        self._lock = threading.Lock()  # the profiler event and the future, which finish() and the caller race for
 
     def _outcome(self, _completion):
         if self._error is not None:
             raise self._error
         return self._result
+
+    def _claim_completion(self) -> torch.futures.Future | None:
+        """The future to complete now (the lock held), once: where it was made and the work is done."""
+        if self._completion is None or self._future_completed or not self._done.is_set():
+            return None
+        self._future_completed = True
+        return self._completion
 
     # -- called by the progress thread ----------------------------------------
 
@@ -88,7 +101,10 @@ class AsyncWork(dist.Work):
         self._error = error
         self._done.set()
         self._end_event()
-        self._completion.set_result(None)
+        with self._lock:
+            completion = self._claim_completion()
+        if completion is not None:  # outside the lock: its callbacks may ask for the future again
+            completion.set_result(None)
 
     def ends(self, event) -> None:
         """End profiler ``event`` (``shmcoll.profiling``) when this work finishes, or now if it has."""
@@ -97,7 +113,7 @@ class AsyncWork(dist.Work):
             self._end_event()
 
     def _end_event(self) -> None:
-        with self._event_lock:  # finish() and ends() may race: one of them ends it
+        with self._lock:  # finish() and ends() may race: one of them ends it
             event, self._event = self._event, None
         profiling.end(event)
 
@@ -105,6 +121,8 @@ class AsyncWork(dist.Work):
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         seconds = timeout.total_seconds() if timeout else 0
+        if seconds <= 0 and self._engine is not None and not self._done.is_set():
+            self._engine.help(self)
         if not self._done.wait(seconds if seconds > 0 else None):
             raise dist.DistBackendError(f"Timed out: {self._describe} did not complete within {seconds:g} s "
                                          f"(Work.wait timeout)")
@@ -135,7 +153,14 @@ class AsyncWork(dist.Work):
         self.wait()
 
     def get_future(self) -> torch.futures.Future:
-        return self._future
+        with self._lock:
+            if self._future is None:
+                self._completion = torch.futures.Future()
+                self._future = self._completion.then(self._outcome)
+            future, completion = self._future, self._claim_completion()
+        if completion is not None:
+            completion.set_result(None)
+        return future
 
 
 def ending(work, event):
@@ -155,7 +180,8 @@ class ProgressEngine:
     def __init__(self, name: str):
         self._name = name
         self._cv = threading.Condition(threading.Lock())
-        self._waiters = 0  # threads blocked in drain() or the loop, to skip needless notifies
+        self._waiters = 0  # threads blocked in abort() until nothing runs
+        self._idle = False  # the progress thread is blocked until there is work for it
         self._queue: collections.deque = collections.deque()
         self._running = False  # a collective is executing (inline or on the thread)
         self._thread: threading.Thread | None = None
@@ -204,11 +230,9 @@ class ProgressEngine:
                 source = run()
             finally:
                 with self._cv:
-                    self._running = False
-                    if self._waiters:
-                        self._cv.notify_all()
+                    self._ended()
             return self.completed(result, source)
-        work = AsyncWork(result, describe())
+        work = AsyncWork(result, describe(), self)
         with self._cv:
             if self._closed:
                 raise dist.DistBackendError(f"{self._name}: this process group was shut down or aborted")
@@ -217,7 +241,8 @@ class ProgressEngine:
                 self._thread = threading.Thread(target=self._loop, name=f"shmcoll-progress-{self._name}",
                                                 daemon=True)
                 self._thread.start()
-            self._cv.notify_all()
+            if self._idle:
+                self._cv.notify_all()
         if not async_op:
             work.wait()
         return work
@@ -228,22 +253,50 @@ class ProgressEngine:
                 while not self._queue or self._running:
                     if self._closed and not self._queue:
                         return
-                    self._waiters += 1
+                    self._idle = True
                     self._cv.wait()
-                    self._waiters -= 1
+                    self._idle = False
                 self._running = True  # before the queue shrinks: see busy()
                 run, work = self._queue.popleft()
-            self.on_thread = True
-            try:
-                source = run()
-                error = None
-            except BaseException as exc:  # delivered to the waiter, never lost
-                source, error = None, exc
-            self.on_thread = False
+            self._run_taken(run, work, on_thread=True)
+
+    def help(self, work: AsyncWork) -> None:
+        """Run on this thread, in issue order, the queued collectives up to ``work`` that the progress thread has
+        not taken: a thread that waits computes nothing meanwhile, so handing them to the progress thread, whose
+        waits sleep at once (``waits.policy``), and being woken by it would only delay it (an ``async_op=True``
+        call waited for at once; a functional collective and its ``wait_tensor``). The rest, and a wait with a
+        timeout, wait for the progress thread, which never helps."""
+        if threading.current_thread() is self._thread:
+            return
+        while True:
             with self._cv:
-                self._running = False
-                self._cv.notify_all()
-            work.finish(error, source)
+                if self._running or not any(queued is work for _, queued in self._queue):
+                    return  # running, finished, or failed by abort(): it completes elsewhere
+                self._running = True  # before the queue shrinks: see busy()
+                run, taken = self._queue.popleft()
+            self._run_taken(run, taken, on_thread=False)
+            if taken is work:
+                return
+
+    def _run_taken(self, run, work: AsyncWork, on_thread: bool) -> None:
+        """Run a collective taken off the queue (``_running`` set), and finish its Work."""
+        self.on_thread = on_thread
+        try:
+            source = run()
+            error = None
+        except BaseException as exc:  # delivered to the waiter, never lost
+            source, error = None, exc
+        self.on_thread = False
+        with self._cv:
+            self._ended()
+        work.finish(error, source)
+
+    def _ended(self) -> None:
+        """The collective running now has ended (the lock held): wake whoever that concerns, and nobody else
+        (a wake-up of the idle progress thread costs the cores a context switch and the GIL a hand-off)."""
+        self._running = False
+        if self._waiters or (self._idle and self._queue):
+            self._cv.notify_all()
 
     def close(self) -> None:
         """Finish queued work, then stop the thread."""
