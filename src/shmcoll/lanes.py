@@ -86,6 +86,10 @@ class Lanes:
         ``min_bytes``, at most ``count``; a function of the size alone, as lanes must pair across ranks."""
         return 1 if nbytes < self.split_bytes else min(self.count, nbytes // self.min_bytes)
 
+    def describe(self, what: str) -> str:
+        """The group summary's line on the lanes of each ``what`` (a collective, a node stage)."""
+        return f"  threads per {what}: up to {self.count} (one per {self.min_bytes // 1024} KiB of message)"
+
     def run(self, kind: int, lanes: int, desc: int, count: int, itemsize: int, addr: int, *, out: int = 0,
             block_stride: int = 0, out_stride: int = 0, kernel: int = 0, op: int = 0, scale: float = 1.0,
             root: int = -1) -> None:

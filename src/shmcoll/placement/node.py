@@ -358,8 +358,7 @@ class OneNode(OnArena):
                 f"  all_reduce: one-shot up to {self.one_shot_bytes} B, "
                 + ("one-shot steps of a chunk above" if self.one_shot_steps else
                    "chunked reduce-scatter + all-gather above"),
-                f"  threads per collective: up to {self.lanes.count} (one per {s.thread_bytes // 1024} KiB "
-                f"of message)",
+                self.lanes.describe("collective"),
                 "  single copy: " + (f"off ({self.single_copy.refused})" if self.single_copy.refused else
                                      "every size (SHMCOLL_SINGLE_COPY=1)" if s.single_copy == "1" else
                                      f"a read costs {self.single_copy.read_cost:.2f} copies here; " + (

@@ -176,8 +176,7 @@ class Nodes(OnArena):
                     "reduce_scatter, gather and scatter on one Gloo group over all ranks")
                  + "; point-to-point on one Gloo group over all ranks"]
         if self.arena is not None:
-            lines.append(f"  threads per node stage: up to {self.lanes.count} (one per "
-                         f"{self.lanes.min_bytes // 1024} KiB of message)")
+            lines.append(self.lanes.describe("node stage"))
             lines.append(self.waits.describe())
         return lines
 
