@@ -164,6 +164,7 @@ def _reduce_float(out, first, rows, op, scale):
     s = as_elem(scale, pf)
     do_scale = op == SUM and scale != 1.0
     done = 0
+    aliased = _in_place(out, first, rows)  # read for one row only
     # A plain SUM of up to 3 rows (2-4 ranks) into a separate output, in one pass without the
     # accumulator: 10-25% faster (float16: 1.6x). An output that is also an input takes the
     # in-place loop below (one row, _in_place) or the accumulator loops: LLVM's runtime alias
@@ -183,9 +184,9 @@ def _reduce_float(out, first, rows, op, scale):
             for i in range(n):
                 po[i] = ((pf[i] + p0[i]) + p1[i]) + p2[i]
         done = n
-    elif op == SUM and not divide and not do_scale and k == 1 and _in_place(out, first, rows):
+    elif op == SUM and not divide and not do_scale and k == 1 and aliased:
         p0 = row_ptr(rows, 0)
-        if _in_place(out, first, rows) == OUT_IS_FIRST:
+        if aliased == OUT_IS_FIRST:
             for i in range(n):
                 po[i] = po[i] + p0[i]
         else:
@@ -258,6 +259,7 @@ def _reduce_f16(out, first, rows, op, scale):
     s = np.float32(scale)
     do_scale = op == SUM and scale != 1.0
     done = 0
+    aliased = _in_place(out, first, rows)  # read for one row only
     # one pass for a plain SUM into a separate output, as in _reduce_float
     if op == SUM and not divide and not do_scale and 1 <= k <= 3 and _separate(out, first, rows):
         p0 = row_ptr(rows, 0)
@@ -274,9 +276,9 @@ def _reduce_f16(out, first, rows, op, scale):
             for i in range(n):
                 po[i] = f2h(((h2f(pf[i]) + h2f(p0[i])) + h2f(p1[i])) + h2f(p2[i]))
         done = n
-    elif op == SUM and not divide and not do_scale and k == 1 and _in_place(out, first, rows):
+    elif op == SUM and not divide and not do_scale and k == 1 and aliased:
         p0 = row_ptr(rows, 0)
-        if _in_place(out, first, rows) == OUT_IS_FIRST:
+        if aliased == OUT_IS_FIRST:
             for i in range(n):
                 po[i] = f2h(h2f(po[i]) + h2f(p0[i]))
         else:
@@ -355,6 +357,7 @@ def _reduce_bf16(out, first, rows, op, scale):
     do_scale = op == SUM and scale != 1.0
     npairs = n // 2
     done = 0
+    aliased = _in_place(out, first, rows)  # read for one row only
     # one pass for two ranks' SUM into a separate output, as in _reduce_float (with three or
     # more rows the accumulator loops below measured 5-8% faster for bfloat16)
     if op == SUM and not divide and not do_scale and k == 1 and _separate(out, first, rows):
@@ -364,9 +367,9 @@ def _reduce_bf16(out, first, rows, op, scale):
             b = ld_pair(q0, p)
             st_pair(po, p, bf_pack(bf_lo(a) + bf_lo(b), bf_hi(a) + bf_hi(b)))
         done = npairs
-    elif op == SUM and not divide and not do_scale and k == 1 and _in_place(out, first, rows):
+    elif op == SUM and not divide and not do_scale and k == 1 and aliased:
         q0 = row_ptr(rows, 0)
-        if _in_place(out, first, rows) == OUT_IS_FIRST:
+        if aliased == OUT_IS_FIRST:
             for p in range(npairs):
                 a = ld_pair(po, p)
                 b = ld_pair(q0, p)
