@@ -8,6 +8,9 @@
 # for the next job for ``idle_spin_ns`` (the next collective of a burst finds it awake), then sleeps on a
 # futex of its own, so an idle pool holds no core.
 #
+# The pool also runs local work that waits for no peer (``pool_for``: single copy's reads and reductions,
+# between meetings the caller keeps), each of the first n lanes a part of it.
+#
 # A lane's waits are slices, as every wait's: between slices a worker only looks whether the collective was
 # cancelled; the caller (Python, shmcoll.lanes) looks at what every lane waits for between its own slices
 # and decides as every other wait does (dead peers, abort, timeout: shmcoll.waits), and cancels the pool
@@ -33,8 +36,6 @@ cdef extern from "<string.h>" nogil:
 cdef extern from "<unistd.h>" nogil:
     int getpid()
 
-DEF MAX_POOL_LANES = 16
-
 # What every lane of a collective runs, each over its own [lo, hi) of the message.
 cdef enum:
     KIND_ONE_SHOT = 0  # items of ``itemsize``
@@ -42,6 +43,7 @@ cdef enum:
     KIND_REDUCE_SCATTER = 2  # items; the blocks ``block_stride`` items apart
     KIND_ALLGATHER = 3  # bytes; the ranks' blocks of the output ``out_stride`` bytes apart
     KIND_BROADCAST = 4  # bytes, from ``root``
+    KIND_TASK = 5  # ``task`` over [lo, hi) (``pool_for``): no schedule, no step, no wait for a peer
 
 # A lane's progress besides the schedules' own statuses (schedule.pxd): not started, and waiting for every
 # rank to reach the step its previous collective ended on before reusing its buffers.
@@ -65,6 +67,8 @@ ctypedef struct job_t:
     int64_t op
     double scale
     int root
+    task_t task  # KIND_TASK
+    void *ctx
 
 ctypedef struct lane_t:
     sched_t *s  # the lane's steps and slots
@@ -210,7 +214,11 @@ cdef void *_worker(void *arg) noexcept nogil:
         seen = _next_job(pool, lane, seen)
         if arch.shmcoll_load_acquire_u32(&pool.stop):
             return NULL
-        _advance(pool, lane, False)
+        if pool.job.kind == KIND_TASK:
+            pool.job.task(pool.job.ctx, lane.lo, lane.hi, lane.index)
+            _store_status(lane, STATUS_DONE)
+        else:
+            _advance(pool, lane, False)
         if arch.shmcoll_fetch_sub_u32(&pool.pending, 1) == 1:
             arch.shmcoll_fetch_add_u32(&pool.finished, 1)
             if arch.shmcoll_load_seq_cst_u32(&pool.caller_asleep):
@@ -239,6 +247,48 @@ cdef int _join(pool_t *pool, int64_t spin_ns, int64_t slice_ns) noexcept nogil:
             arch.shmcoll_store_seq_cst_u32(&pool.caller_asleep, 0)
             return 0
         arch.shmcoll_futex_wait(&pool.finished, seen, slice_ns - (now - start))
+
+
+cdef void _fan_out(pool_t *pool, int lanes, Py_ssize_t count, Py_ssize_t align) noexcept nogil:
+    """Give the job of ``pool.job`` to its first ``lanes`` lanes, lane j the j-th of ``lanes`` stretches of
+    [0, ``count``), each starting at a multiple of ``align``, and wake the workers among them."""
+    cdef int j
+    cdef lane_t *lane
+    for j in range(pool.count):
+        lane = pool.lanes[j]
+        if j < lanes:
+            lane.lo = count * j // lanes // align * align
+            lane.hi = count if j == lanes - 1 else count * (j + 1) // lanes // align * align
+            lane.status = LANE_STARTING
+        else:
+            lane.status = STATUS_DONE
+    pool.active = lanes
+    arch.shmcoll_store_seq_cst_u32(&pool.cancel, 0)
+    arch.shmcoll_store_seq_cst_u32(&pool.pending, lanes - 1)
+    for j in range(1, lanes):
+        lane = pool.lanes[j]
+        arch.shmcoll_fetch_add_u32(&lane.go, 1)
+        if arch.shmcoll_load_seq_cst_u32(&lane.asleep):
+            arch.shmcoll_futex_wake_all(&lane.go)
+
+
+cdef void pool_for(void *memory, int lanes, task_t task, void *ctx, Py_ssize_t count,
+                   Py_ssize_t align) noexcept nogil:
+    """``task`` over [0, ``count``) on the first ``lanes`` lanes of the pool at ``memory`` (at most its
+    count), the caller's thread doing lane 0's part; returns once every part is done. The task waits for no
+    peer, so neither does the join beyond the task's own time."""
+    cdef pool_t *pool = <pool_t *>memory
+    if lanes <= 1 or pool == NULL:
+        task(ctx, 0, count, 0)
+        return
+    if lanes > pool.count:
+        lanes = pool.count
+    pool.job.kind, pool.job.task, pool.job.ctx = KIND_TASK, task, ctx
+    _fan_out(pool, lanes, count, align)
+    task(ctx, pool.lanes[0].lo, pool.lanes[0].hi, 0)
+    pool.lanes[0].status = STATUS_DONE
+    while not _join(pool, pool.lanes[0].s.spin_ns, pool.lanes[0].s.slice_ns):
+        pass
 
 
 cdef class Pool:
@@ -291,31 +341,15 @@ cdef class Pool:
         [0, ``count``) items, each starting at a multiple of ``align`` items. Returns True once every lane has
         ended; False when a wait outlasted a slice (``advance`` goes on)."""
         cdef pool_t *pool = self.pool
-        cdef int j, done
-        cdef lane_t *lane
+        cdef int done
         if not 1 <= lanes <= self.count:
             raise ValueError(f"{lanes} lanes of a pool of {self.count}")
         pool.job.kind, pool.job.desc, pool.job.addr, pool.job.out = kind, desc, addr, out
         pool.job.itemsize, pool.job.block_stride, pool.job.out_stride = itemsize, block_stride, out_stride
         pool.job.kernel, pool.job.op, pool.job.scale, pool.job.root = <kernel_t>kernel, op, scale, root
         pool.job.direct = apart(out, addr, count, block_stride, itemsize, pool.lanes[0].s.size)
-        for j in range(self.count):
-            lane = pool.lanes[j]
-            if j < lanes:
-                lane.lo = count * j // lanes // align * align
-                lane.hi = count if j == lanes - 1 else count * (j + 1) // lanes // align * align
-                lane.status = LANE_STARTING
-            else:
-                lane.status = STATUS_DONE
-        pool.active = lanes
-        arch.shmcoll_store_seq_cst_u32(&pool.cancel, 0)
-        arch.shmcoll_store_seq_cst_u32(&pool.pending, lanes - 1)
         with nogil:
-            for j in range(1, lanes):
-                lane = pool.lanes[j]
-                arch.shmcoll_fetch_add_u32(&lane.go, 1)
-                if arch.shmcoll_load_seq_cst_u32(&lane.asleep):
-                    arch.shmcoll_futex_wake_all(&lane.go)
+            _fan_out(pool, lanes, count, align)
             done = _advance(pool, pool.lanes[0], True) and _join(pool, pool.lanes[0].s.spin_ns,
                                                                   pool.lanes[0].s.slice_ns)
         return done == 1
@@ -342,6 +376,11 @@ cdef class Pool:
         """(status, step it waits for, step before its first) of lane ``j`` of the collective in progress."""
         cdef lane_t *lane = self.pool.lanes[j]
         return _load_status(lane), arch.shmcoll_load_acquire_u32(&lane.waiting), lane.base
+
+    def runner(self):
+        """(``pool_for``'s address, this pool's): what single copy needs to split its local work over the
+        lanes (``_single_copy.SingleCopy.set_lanes``); valid until ``close``."""
+        return <uintptr_t>&pool_for, <uintptr_t>self.pool
 
     def close(self):
         """Stop the workers (each after its current job) and free the pool; safe twice."""

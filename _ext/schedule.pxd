@@ -21,6 +21,19 @@ cdef enum:
 ctypedef void (*kernel_t)(void *out, void *first, void *rows, int64_t nrows, int64_t row_stride,
                           int64_t n, int64_t op, double scale) noexcept nogil
 
+# Most lanes a pool has (arena.MAX_LANES, the lanes the arena's layout reserves lines for).
+cdef enum:
+    MAX_POOL_LANES = 16
+
+# Local work split over a rank's lanes (``pool_for`` of lanes.pxi; single copy's reads and reductions):
+# ``task(ctx, lo, hi, lane)`` does part [lo, hi) of the work on lane ``lane``, waiting for no peer.
+ctypedef void (*task_t)(void *ctx, Py_ssize_t lo, Py_ssize_t hi, int lane) noexcept nogil
+# ``pool_for`` by address (the pool lives in _schedules, single copy in _single_copy): ``task`` over
+# [0, ``count``) on ``lanes`` lanes of ``pool``, each part starting at a multiple of ``align``; returns when
+# every part is done.
+ctypedef void (*pool_for_t)(void *pool, int lanes, task_t task, void *ctx, Py_ssize_t count,
+                            Py_ssize_t align) noexcept nogil
+
 # What a schedule call returns. A value >= 0 is the position p of a wait whose slice expired: resume from p
 # once every rank has reached step base + p + 1 (shmcoll.algorithms.schedule).
 cdef enum:

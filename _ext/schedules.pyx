@@ -25,8 +25,8 @@ lanes, give bitwise identical results on every rank.
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
 from libc.string cimport memcpy
 
-from schedule cimport (kernel_t, sched_t, STATUS_DONE, STATUS_MISMATCH, STATUS_FAILED, STATUS_SIZES,
-                       STATUS_CANCELLED)
+from schedule cimport (kernel_t, task_t, sched_t, MAX_POOL_LANES, STATUS_DONE, STATUS_MISMATCH, STATUS_FAILED,
+                       STATUS_SIZES, STATUS_CANCELLED)
 
 include "lines.pxi"
 include "steps.pxi"

@@ -15,11 +15,20 @@ called by address. A read that fails (the peer exited: ESRCH; its buffer is
 gone: EFAULT) returns FAILED with the errno and the peer in ``failed_errno`` /
 ``failed_peer``. ``posted`` and ``reached`` say, after DONE, the last step this
 rank posted and the highest step it saw every rank reach (``Steps.record_schedule``).
+
+Where the rank has several lanes (``shmcoll.lanes``), the reads and reductions between two meetings are
+split over them (``set_lanes``; the lanes' pool runs the parts, ``pool_for``), while the meetings stay on the
+caller's thread: each lane reads its stretch of every buffer, and reduces its stretch of the elements in
+rank order through its own part of the scratch, so the bits are those of one thread. The split is this
+rank's alone (no peer sees it), so it needs no agreement; a schedule takes its lane count from the
+placement (``Lanes.for_bytes``).
 """
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t, int32_t
+from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
-from schedule cimport kernel_t, STATUS_DONE, STATUS_MISMATCH, STATUS_FAILED, STATUS_SIZES
+from schedule cimport (kernel_t, task_t, pool_for_t, MAX_POOL_LANES, STATUS_DONE, STATUS_MISMATCH, STATUS_FAILED,
+                       STATUS_SIZES)
 
 include "lines.pxi"
 
@@ -76,6 +85,90 @@ cdef int _read(int pid, char *local, uintptr_t remote, Py_ssize_t nbytes) noexce
     return 0
 
 
+# A lane's rows of the scratch (one per rank) hold at least this much each: fewer lanes reduce where the
+# scratch cannot give every lane that (many ranks, a small SHMCOLL_CHUNK_BYTES).
+DEF LEAST_ROW_BYTES = 4096
+
+
+# Byte moves laid end to end as [0, total): move i is ``bytes[i]`` from ``source[i]`` in process ``pid[i]``
+# (0: this one, a memcpy) to ``into[i]``; a lane that fails notes its errno and the move's peer.
+ctypedef struct moves_t:
+    int count
+    int *pid
+    int *peer
+    char **into
+    uintptr_t *source
+    Py_ssize_t *bytes
+    Py_ssize_t total
+    int err[MAX_POOL_LANES]
+    int failed_peer[MAX_POOL_LANES]
+
+
+cdef void _moves_part(void *ctx, Py_ssize_t lo, Py_ssize_t hi, int lane) noexcept nogil:
+    """Bytes [lo, hi) of the moves (a ``task_t``)."""
+    cdef moves_t *m = <moves_t *>ctx
+    cdef Py_ssize_t start = 0, a, b
+    cdef int i, err
+    m.err[lane] = 0
+    for i in range(m.count):
+        a = lo if lo > start else start
+        b = hi if hi < start + m.bytes[i] else start + m.bytes[i]
+        if a < b:
+            if m.pid[i] == 0:
+                memcpy(m.into[i] + (a - start), <char *>(m.source[i] + (a - start)), b - a)
+            else:
+                err = _read(m.pid[i], m.into[i] + (a - start), m.source[i] + (a - start), b - a)
+                if err:
+                    m.err[lane] = err
+                    m.failed_peer[lane] = m.peer[i]
+                    return
+        start += m.bytes[i]
+
+
+# A block of elements ``offset`` bytes into every rank's published buffer (ours at ``buffer``, peer p's at
+# ``source[p]`` in process ``pid[p]``), reduced in rank order into ``out``; each lane through its own
+# ``lane_scratch`` bytes of ``scratch``.
+ctypedef struct reduction_t:
+    int me, size, itemsize
+    int *pid
+    uintptr_t *source
+    uintptr_t buffer
+    Py_ssize_t offset
+    char *out
+    kernel_t kernel
+    int64_t op
+    double scale
+    char *scratch
+    Py_ssize_t lane_scratch
+    int err[MAX_POOL_LANES]
+    int failed_peer[MAX_POOL_LANES]
+
+
+cdef void _reduction_part(void *ctx, Py_ssize_t lo, Py_ssize_t hi, int lane) noexcept nogil:
+    """Elements [lo, hi) of the reduction (a ``task_t``): piece by piece, each rank's piece into a row of the
+    lane's scratch (ours copied), the rows reduced into ``out``."""
+    cdef reduction_t *r = <reduction_t *>ctx
+    cdef int peer, err, itemsize = r.itemsize
+    cdef Py_ssize_t piece = r.lane_scratch // (r.size * itemsize)
+    cdef Py_ssize_t start = lo, n, at
+    cdef char *rows = r.scratch + lane * r.lane_scratch
+    r.err[lane] = 0
+    while start < hi:
+        n = piece if hi - start > piece else hi - start
+        at = r.offset + start * itemsize
+        for peer in range(r.size):
+            if peer == r.me:
+                memcpy(rows + peer * piece * itemsize, <char *>(r.buffer + at), n * itemsize)
+            else:
+                err = _read(r.pid[peer], rows + peer * piece * itemsize, r.source[peer] + at, n * itemsize)
+                if err:
+                    r.err[lane] = err
+                    r.failed_peer[lane] = peer
+                    return
+        r.kernel(r.out + start * itemsize, rows, rows + piece * itemsize, r.size - 1, piece, n, r.op, r.scale)
+        start += n
+
+
 cdef class SingleCopy:
     """One rank's constants for the single-copy schedules over its arena's control lines."""
 
@@ -86,6 +179,10 @@ cdef class SingleCopy:
     cdef int yield_company  # see _wait_ranks (waits.Budgets.company)
     cdef readonly uint32_t posted, reached
     cdef readonly int failed_errno, failed_peer
+    cdef pool_for_t pool_for  # the lanes' fan-out (set_lanes), and their pool; NULL: one thread
+    cdef void *pool
+    cdef moves_t moves  # the schedule's moves and reduction in progress, each array one entry per rank
+    cdef reduction_t reduction
 
     def __cinit__(self, uintptr_t lines, int me, int size, uintptr_t scratch, Py_ssize_t scratch_bytes,
                   int64_t spin_ns, int64_t yield_ns, int yield_company, int64_t slice_ns):
@@ -96,6 +193,32 @@ cdef class SingleCopy:
         self.scratch_bytes = scratch_bytes
         self.slice_ns = slice_ns
         self.set_waits(spin_ns, yield_ns, yield_company)
+        self.moves.pid = <int *>calloc(size, sizeof(int))
+        self.moves.peer = <int *>calloc(size, sizeof(int))
+        self.moves.into = <char **>calloc(size, sizeof(char *))
+        self.moves.source = <uintptr_t *>calloc(size, sizeof(uintptr_t))
+        self.moves.bytes = <Py_ssize_t *>calloc(size, sizeof(Py_ssize_t))
+        self.reduction.pid = <int *>calloc(size, sizeof(int))
+        self.reduction.source = <uintptr_t *>calloc(size, sizeof(uintptr_t))
+        if (self.moves.pid == NULL or self.moves.peer == NULL or self.moves.into == NULL
+                or self.moves.source == NULL or self.moves.bytes == NULL or self.reduction.pid == NULL
+                or self.reduction.source == NULL):
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.moves.pid)
+        free(self.moves.peer)
+        free(self.moves.into)
+        free(self.moves.source)
+        free(self.moves.bytes)
+        free(self.reduction.pid)
+        free(self.reduction.source)
+
+    def set_lanes(self, uintptr_t pool_for, uintptr_t pool):
+        """Split the reads and reductions of a schedule called with several lanes over the lanes' pool
+        (``_schedules.Pool.runner``; 0, 0: none, one thread). The pool must outlive its use here."""
+        self.pool_for = <pool_for_t>pool_for
+        self.pool = <void *>pool
 
     def set_waits(self, int64_t spin_ns, int64_t yield_ns, int yield_company):
         self.spin_ns = spin_ns
@@ -145,25 +268,95 @@ cdef class SingleCopy:
         self.failed_errno = err
         return STATUS_FAILED
 
+    cdef void _split(self, int lanes, task_t task, void *ctx, int *errs, Py_ssize_t count,
+                     Py_ssize_t align) noexcept nogil:
+        """``task`` over [0, ``count``) on ``lanes`` lanes (one thread where there is no pool), ``errs`` of
+        every lane cleared first."""
+        cdef int j
+        for j in range(MAX_POOL_LANES):
+            errs[j] = 0
+        if lanes > 1 and self.pool_for != NULL:
+            self.pool_for(self.pool, lanes, task, ctx, count, align)
+        else:
+            task(ctx, 0, count, 0)
+
+    cdef Py_ssize_t _first_failure(self, int *errs, int *peers) noexcept nogil:
+        """FAILED with the first failing lane's errno and peer, else _ON."""
+        cdef int j
+        for j in range(MAX_POOL_LANES):
+            if errs[j]:
+                return self._fail(peers[j], errs[j])
+        return _ON
+
+    cdef void _move(self, int peer, char *into, uintptr_t source, Py_ssize_t nbytes) noexcept nogil:
+        """One more move for ``_moves``: ``nbytes`` at ``source`` in ``peer`` (ourselves: a memcpy) to ``into``."""
+        cdef moves_t *m = &self.moves
+        cdef int i = m.count
+        m.pid[i] = 0 if peer == self.me else self._pid(peer)
+        m.peer[i] = peer
+        m.into[i] = into
+        m.source[i] = source
+        m.bytes[i] = nbytes
+        m.count = i + 1
+        m.total += nbytes
+
+    cdef Py_ssize_t _moves(self, int lanes) noexcept nogil:
+        """The moves added since the last call, over ``lanes`` lanes: _ON, or FAILED."""
+        cdef moves_t *m = &self.moves
+        self._split(lanes, _moves_part, m, m.err, m.total, 64)
+        m.count = 0
+        m.total = 0
+        return self._first_failure(m.err, m.failed_peer)
+
+    cdef Py_ssize_t _reduce_over_lanes(self, int lanes, uint32_t step, uintptr_t buffer, Py_ssize_t offset,
+                                       Py_ssize_t count, int itemsize, char *out, kernel_t kernel, int64_t op,
+                                       double scale) noexcept nogil:
+        """``count`` elements ``offset`` bytes into every rank's buffer published with ``step`` (ours at
+        ``buffer``), reduced in rank order into ``out``, over ``lanes`` lanes (fewer where the scratch cannot
+        give each its rows): _ON, or FAILED."""
+        cdef reduction_t *r = &self.reduction
+        cdef int peer
+        cdef Py_ssize_t most = self.scratch_bytes // (self.size * LEAST_ROW_BYTES)
+        if lanes > most:
+            lanes = <int>most
+        if lanes > MAX_POOL_LANES:
+            lanes = MAX_POOL_LANES
+        if lanes < 1:
+            lanes = 1
+        r.me, r.size, r.itemsize = self.me, self.size, itemsize
+        for peer in range(self.size):
+            if peer != self.me:
+                r.pid[peer] = self._pid(peer)
+                r.source[peer] = self._their(peer, step)
+        r.buffer, r.offset, r.out = buffer, offset, out
+        r.kernel, r.op, r.scale = kernel, op, scale
+        r.scratch = <char *>self.scratch
+        r.lane_scratch = self.scratch_bytes if lanes == 1 else self.scratch_bytes // lanes // 64 * 64
+        self._split(lanes, _reduction_part, r, r.err, count, max(1, 64 // itemsize))
+        return self._first_failure(r.err, r.failed_peer)
+
     # -- schedules ---------------------------------------------------------------------
 
     def allgather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, uintptr_t out,
-                  Py_ssize_t out_stride, Py_ssize_t resume):
-        """Every rank's ``nbytes`` at ``addr`` to ``out + rank * out_stride`` on every rank.
+                  Py_ssize_t out_stride, int lanes, Py_ssize_t resume):
+        """Every rank's ``nbytes`` at ``addr`` to ``out + rank * out_stride`` on every rank, the reads over
+        ``lanes`` lanes.
 
         base + 1: our input's address; everyone reads everyone's; base + 2: done reading.
         """
         cdef Py_ssize_t status
         with nogil:
-            status = self._allgather(base, desc, addr, nbytes, <char *>out, out_stride, resume)
+            status = self._allgather(base, desc, addr, nbytes, <char *>out, out_stride, lanes, resume)
         return status
 
     cdef Py_ssize_t _allgather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, char *out,
-                               Py_ssize_t out_stride, Py_ssize_t resume) noexcept nogil:
-        cdef int peer, err, me = self.me
+                               Py_ssize_t out_stride, int lanes, Py_ssize_t resume) noexcept nogil:
+        cdef int peer, me = self.me
+        cdef Py_ssize_t status
+        cdef bint own = out + me * out_stride != <char *>addr  # our block still to copy
         if resume < 0:
             self._publish(base + 1, desc, addr)
-            if out + me * out_stride != <char *>addr:
+            if own and lanes <= 1:  # on one thread while the peers arrive; over lanes, with the reads
                 memcpy(out + me * out_stride, <char *>addr, nbytes)
             if not self._wait_all(base + 1):
                 return 0
@@ -172,37 +365,41 @@ cdef class SingleCopy:
                 return STATUS_MISMATCH
             for peer in range(self.size):
                 if peer != me:
-                    err = _read(self._pid(peer), out + peer * out_stride, self._their(peer, base + 1), nbytes)
-                    if err:
-                        return self._fail(peer, err)
+                    self._move(peer, out + peer * out_stride, self._their(peer, base + 1), nbytes)
+                elif own and lanes > 1:
+                    self._move(me, out + me * out_stride, addr, nbytes)
+            status = self._moves(lanes)
+            if status != _ON:
+                return status
             self._post_step(base + 2, desc)
             if not self._wait_all(base + 2):
                 return 1
         return STATUS_DONE
 
-    def broadcast(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root,
+    def broadcast(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root, int lanes,
                   Py_ssize_t resume):
-        """``nbytes`` at ``addr`` on ``root`` to ``addr`` on every rank.
+        """``nbytes`` at ``addr`` on ``root`` to ``addr`` on every rank, the read over ``lanes`` lanes.
 
         base + 1: the root's address (the others post it empty); every rank checks the others are in
         this broadcast; the others read the root's buffer and post base + 2, which the root waits for.
         """
         cdef Py_ssize_t status
         with nogil:
-            status = self._broadcast(base, desc, addr, nbytes, root, resume)
+            status = self._broadcast(base, desc, addr, nbytes, root, lanes, resume)
         return status
 
     cdef Py_ssize_t _broadcast(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root,
-                               Py_ssize_t resume) noexcept nogil:
-        cdef int err, me = self.me
+                               int lanes, Py_ssize_t resume) noexcept nogil:
+        cdef int me = self.me
         cdef Py_ssize_t status = self._open(base, desc, addr if me == root else 0, resume)
         if status != _ON:
             return status
         if resume < 1:
             if me != root:
-                err = _read(self._pid(root), <char *>addr, self._their(root, base + 1), nbytes)
-                if err:
-                    return self._fail(root, err)
+                self._move(root, <char *>addr, self._their(root, base + 1), nbytes)
+                status = self._moves(lanes)
+                if status != _ON:
+                    return status
             self._post_step(base + 2, desc)
             if me == root and not self._wait_all(base + 2):
                 return 1
@@ -324,39 +521,40 @@ cdef class SingleCopy:
 
     def reduce_scatter(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t block_count,
                        Py_ssize_t block_stride, int itemsize, uintptr_t out, uintptr_t kernel, int64_t op,
-                       double scale, Py_ssize_t resume):
+                       double scale, int lanes, Py_ssize_t resume):
         """Block r of every rank's input (L blocks of ``block_count`` elements, ``block_stride`` apart, at
         ``addr``), reduced in rank order, into rank r's ``out`` (which must not overlap the input, but may be
         exactly block r: only rank r reads it, and each piece is copied to scratch before its result lands).
 
         base + 1: our input's address; piece by piece, each peer's part of our block is read into a
-        row of our scratch and the rows reduced into ``out``; base + 2: done reading.
+        row of our scratch and the rows reduced into ``out`` (over ``lanes`` lanes); base + 2: done reading.
         """
         cdef Py_ssize_t status
         with nogil:
             status = self._reduce_blocks(base, desc, addr, self.me * block_stride * itemsize, block_count, itemsize,
-                                         <char *>out, <kernel_t>kernel, op, scale, resume)
+                                         <char *>out, <kernel_t>kernel, op, scale, lanes, resume)
         return status
 
     def allreduce(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize,
-                  uintptr_t kernel, int64_t op, double scale, Py_ssize_t resume):
+                  uintptr_t kernel, int64_t op, double scale, int lanes, Py_ssize_t resume):
         """All-reduce ``count`` elements at ``addr`` in place: rank r reduces the r-th share of everyone's
         buffer into its own (as ``reduce_scatter``), posts base + 2 (done reading, our share final), then
-        reads every other share from its owner's buffer; base + 3: done reading."""
+        reads every other share from its owner's buffer; base + 3: done reading. Both over ``lanes`` lanes."""
         cdef Py_ssize_t status
         with nogil:
-            status = self._allreduce(base, desc, addr, count, itemsize, <kernel_t>kernel, op, scale, resume)
+            status = self._allreduce(base, desc, addr, count, itemsize, <kernel_t>kernel, op, scale, lanes, resume)
         return status
 
     cdef Py_ssize_t _allreduce(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize,
-                               kernel_t kernel, int64_t op, double scale, Py_ssize_t resume) noexcept nogil:
-        cdef int peer, err, me = self.me, size = self.size
+                               kernel_t kernel, int64_t op, double scale, int lanes,
+                               Py_ssize_t resume) noexcept nogil:
+        cdef int peer, me = self.me, size = self.size
         cdef Py_ssize_t lo, hi, status
         if resume < 2:
             # Shares: rank r owns elements [r * count / L, (r + 1) * count / L), in place.
             lo = me * count // size
             status = self._reduce_blocks(base, desc, addr, lo * itemsize, (me + 1) * count // size - lo, itemsize,
-                                         <char *>(addr + lo * itemsize), kernel, op, scale, resume)
+                                         <char *>(addr + lo * itemsize), kernel, op, scale, lanes, resume)
             if status != STATUS_DONE:
                 return status
         if resume < 3:
@@ -364,17 +562,18 @@ cdef class SingleCopy:
                 if peer != me:
                     lo = peer * count // size
                     hi = (peer + 1) * count // size
-                    err = _read(self._pid(peer), <char *>(addr + lo * itemsize),
-                                self._their(peer, base + 1) + lo * itemsize, (hi - lo) * itemsize)
-                    if err:
-                        return self._fail(peer, err)
+                    self._move(peer, <char *>(addr + lo * itemsize), self._their(peer, base + 1) + lo * itemsize,
+                               (hi - lo) * itemsize)
+            status = self._moves(lanes)
+            if status != _ON:
+                return status
             self._post_step(base + 3, desc)
             if not self._wait_all(base + 3):
                 return 2
         return STATUS_DONE
 
     def reduce(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize, int root,
-               uintptr_t kernel, int64_t op, double scale, Py_ssize_t resume):
+               uintptr_t kernel, int64_t op, double scale, int lanes, Py_ssize_t resume):
         """Reduce every rank's ``count`` elements at ``addr`` into the root's, in place, in rank order.
 
         base + 1: our input's address; the root reads every input piece by piece (``_reduce_blocks``
@@ -382,16 +581,18 @@ cdef class SingleCopy:
         """
         cdef Py_ssize_t status
         with nogil:
-            status = self._reduce(base, desc, addr, count, itemsize, root, <kernel_t>kernel, op, scale, resume)
+            status = self._reduce(base, desc, addr, count, itemsize, root, <kernel_t>kernel, op, scale, lanes,
+                                  resume)
         return status
 
     cdef Py_ssize_t _reduce(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t count, int itemsize,
-                            int root, kernel_t kernel, int64_t op, double scale, Py_ssize_t resume) noexcept nogil:
+                            int root, kernel_t kernel, int64_t op, double scale, int lanes,
+                            Py_ssize_t resume) noexcept nogil:
         if self.me == root:
             # In place is safe: each piece of ours is copied to scratch before its result is written, and
             # nobody reads the root's buffer.
             return self._reduce_blocks(base, desc, addr, 0, count, itemsize, <char *>addr, kernel, op, scale,
-                                       resume)
+                                       lanes, resume)
         cdef Py_ssize_t status = self._open(base, desc, addr, resume)
         if status != _ON:
             return status
@@ -403,32 +604,19 @@ cdef class SingleCopy:
 
     cdef Py_ssize_t _reduce_blocks(self, uint32_t base, uint64_t desc, uintptr_t buffer, Py_ssize_t offset,
                                    Py_ssize_t count, int itemsize, char *out, kernel_t kernel, int64_t op,
-                                   double scale, Py_ssize_t resume) noexcept nogil:
+                                   double scale, int lanes, Py_ssize_t resume) noexcept nogil:
         """Steps base + 1 and base + 2 of a reduce-scatter. Every rank's buffer has one layout: ours is at
         ``buffer`` (published with base + 1), our block's ``count`` elements ``offset`` bytes into it, and so
         into every peer's. Each piece of the block is read from every peer into a row of our scratch (ours
-        copied there), and the rows reduced in rank order into ``out``."""
-        cdef int peer, err, me = self.me, size = self.size
-        cdef Py_ssize_t piece = self.scratch_bytes // (size * itemsize)
-        cdef Py_ssize_t start = 0, n
-        cdef char *rows = <char *>self.scratch
+        copied there), and the rows reduced in rank order into ``out`` (``_reduce_over_lanes``)."""
         cdef Py_ssize_t status = self._open(base, desc, buffer, resume)
         if status != _ON:
             return status
         if resume < 1:
-            while start < count:
-                n = piece if count - start > piece else count - start
-                for peer in range(size):
-                    if peer == me:
-                        memcpy(rows + peer * piece * itemsize, <char *>(buffer + offset + start * itemsize),
-                               n * itemsize)
-                    else:
-                        err = _read(self._pid(peer), rows + peer * piece * itemsize,
-                                    self._their(peer, base + 1) + offset + start * itemsize, n * itemsize)
-                        if err:
-                            return self._fail(peer, err)
-                kernel(out + start * itemsize, rows, rows + piece * itemsize, size - 1, piece, n, op, scale)
-                start += n
+            status = self._reduce_over_lanes(lanes, base + 1, buffer, offset, count, itemsize, out, kernel, op,
+                                             scale)
+            if status != _ON:
+                return status
             self._post_step(base + 2, desc)
             if not self._wait_all(base + 2):
                 return 1

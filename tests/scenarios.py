@@ -798,6 +798,19 @@ def lane_threads() -> list[str]:
     return found
 
 
+def single_copy_over_lanes(cases, big: str = "20011"):
+    """The all-reduce matrix and every data-movement collective with single copy forced on and several lanes:
+    their reads and reductions split over the lane threads, which single copy must have borrowed."""
+    from shmcoll.backend import of_group
+
+    allreduce_matrix(cases, big)
+    data_movement(cases, big)
+    in_place_overlap(cases)
+    lanes = of_group(None).placement.lanes
+    cases.check("lanes/single-copy", lanes._single_copy is not None and len(lane_threads()) == lanes.count - 1,
+                f"single copy did not split over the lanes ({len(lane_threads())} lane threads)")
+
+
 def lane_threads_sleep(cases):
     """After a collective split over lanes, the lane threads take no CPU while nothing runs."""
     x = torch.ones(1 << 20)  # 4 MiB: several lanes at the default SHMCOLL_THREAD_BYTES

@@ -200,15 +200,16 @@ def test_dead_peer_is_reported_quickly(numel, threads, single_copy, victim):
     assert job.leftovers() == []
 
 
-@pytest.mark.parametrize("loop", ["gather", "stream"])
-def test_dead_peer_while_its_buffer_is_read(loop):
+@pytest.mark.parametrize("loop, threads", [("gather", 1), ("stream", 1), ("gather", 3)],
+                         ids=["gather", "stream", "gather-3lanes"])
+def test_dead_peer_while_its_buffer_is_read(loop, threads):
     """Single copy: rank 0 of 3 dies (SIGKILL from a timer) inside a loop of 48 MiB all_gathers, or of 64 MiB
     messages from it to each peer, where its peers spend most of their time reading its buffer: each raises
-    naming it, within 2 s."""
+    naming it, within 2 s; also where the reads are split over 3 lanes (a lane thread's failed read)."""
     # 64 MiB messages: each read takes long enough for the kill to land in one (12 MiB ones were read whole).
     job = Job("dead_peer", 3, args={"victim": 0, "kill_at": 5, "numel": (4 if loop == "gather" else 16) << 20,
                                     "timeout": 60, loop: True},
-              env={"SHMCOLL_SINGLE_COPY": "1"})
+              env={"SHMCOLL_SINGLE_COPY": "1", "SHMCOLL_THREADS": str(threads)})
     deadline = time.monotonic() + 60
     while not os.path.exists(os.path.join(job.dir, "kill_time")) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -222,7 +223,7 @@ def test_dead_peer_while_its_buffer_is_read(loop):
         messages.append(err["message"])
         assert names_rank(err["message"], 0) and err["time"] - killed < 2.0, err
         assert job.report(r)["wrong_results"] == 0 and job.exitcode(r) == 0
-    record(f"dead_peer_while_read-{loop}", {"messages": messages})
+    record(f"dead_peer_while_read-{loop}-{threads}threads", {"messages": messages})
     assert job.leftovers() == []
 
 

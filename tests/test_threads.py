@@ -43,6 +43,20 @@ def test_other_collectives(scenario, threads):
                                          "in_place_overlap": 21}[scenario])
 
 
+# Single copy forced on (every size): its reads and reductions split over the lanes from 8 KiB per rank; the
+# all-reduce's one-shot stays below that, so only single copy starts the lane threads.
+SINGLE_COPY_LANES = {**LANES, "SHMCOLL_SINGLE_COPY": "1"}
+
+
+@pytest.mark.parametrize("world_size, threads", [(2, 3), (3, 2)])
+def test_single_copy_over_lanes(world_size, threads):
+    before = shm_entries()
+    result = spawn("tests.scenarios:single_copy_over_lanes", world_size,
+                   env={**SINGLE_COPY_LANES, "SHMCOLL_THREADS": str(threads)}, timeout=300)
+    assert_job_passes(result, min_cases=374 + 75 + 36 * world_size + 21 + 1)
+    assert shm_entries() - before == set()
+
+
 def test_ranks_asking_for_different_thread_counts_agree():
     """Lanes must pair: a rank with 1 thread and ranks with 4 run with the least (1), correctly."""
     result = spawn("tests.scenarios:data_movement", 3, env=LANES,

@@ -25,6 +25,10 @@ descriptor, without waiting: a peer in another collective on the arena's steps
 sees it and raises (and this rank, between slices, sees theirs), where the
 lanes alone would wait for each other until the timeout. The lanes have slots
 of their own, so nothing else need wait for them.
+
+Single copy (``_single_copy``) uses the same threads differently: its meetings stay on the caller's thread
+and only the reads and reductions between them are split (``attach_single_copy``); that split is local to
+the rank, so its lanes need not pair.
 """
 from __future__ import annotations
 
@@ -78,8 +82,9 @@ class Lanes:
         self.split_bytes = 2 * min_bytes if self.count > 1 else float("inf")
         # The most an even share of a message may hold so that every lane's stretch fits its slots.
         self.share_bytes = lane_bytes(arena.chunk_bytes) - ALIGN_BYTES if self.count > 1 else 0
-        self._pool = None  # started by the first collective that splits (a group may never need its threads)
+        self._pool = None  # started by the first collective that splits (_started)
         self._lines: list[int] = []
+        self._single_copy = None  # what uses the pool beside the lanes' schedules (attach_single_copy)
 
     def for_bytes(self, nbytes: int) -> int:
         """Lanes for a message of ``nbytes`` per rank, decided here alone: 1 below ``split_bytes``, else one per
@@ -96,10 +101,7 @@ class Lanes:
         """One collective of ``kind`` over ``count`` items of ``itemsize`` bytes at ``addr``, on ``lanes`` lanes
         (``for_bytes``; at least 2): the schedules' arguments as ``shmcoll.algorithms`` passes them."""
         arena = self.arena
-        if self._pool is None:
-            schedules = arena.lane_schedules()
-            self._lines = [s.lines for s in schedules]
-            self._pool = _schedules.Pool(schedules, waits.lane_idle_spin_ns(arena.lanes_oversubscribe))
+        self._started()
         fence = arena.next_step()
         arena.post(fence, desc)  # see the module's docstring
         align = max(1, ALIGN_BYTES // itemsize)
@@ -107,6 +109,22 @@ class Lanes:
                                 kernel, op, scale, root):
             self._settle(lanes, fence, desc)
         self._raise_if_failed(lanes, desc)
+
+    def _started(self):
+        """The pool, started at the first collective that splits (a group may never need its threads)."""
+        if self._pool is None:
+            arena = self.arena
+            schedules = arena.lane_schedules()
+            self._lines = [s.lines for s in schedules]
+            self._pool = _schedules.Pool(schedules, waits.lane_idle_spin_ns(arena.lanes_oversubscribe))
+        return self._pool
+
+    def attach_single_copy(self, single_copy) -> None:
+        """Let ``single_copy`` (the arena's ``_single_copy.SingleCopy``) split its reads and reductions over
+        the pool's threads (started here if they were not), until ``close``."""
+        if self._single_copy is not single_copy:
+            single_copy.set_lanes(*self._started().runner())
+            self._single_copy = single_copy
 
     def _settle(self, lanes: int, fence: int, desc: int) -> None:
         """The rest of a collective whose lanes waited longer than a slice: between slices, the checks of every
@@ -151,6 +169,9 @@ class Lanes:
 
     def close(self) -> None:
         """Stop the lane threads (each finishes its current job first)."""
+        if self._single_copy is not None:
+            self._single_copy.set_lanes(0, 0)
+            self._single_copy = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None

@@ -132,7 +132,7 @@ QUOTES = {
         rf"`inline_async_bytes` per rank \({SIZE} on one node, none across nodes,"),
     "all_reduce's single-copy span, in MiB": (
         lambda: tuple(n / MiB for n in node.SINGLE_COPY_SPANS["all_reduce"]),
-        r"in single copy's span \((\d+)-(\d+) MiB, on one thread"),
+        r"in single copy's span \((\d+)-(\d+) MiB, see"),
     "single copy's read cost limit": (lambda: node.READ_COST_LIMIT,
                                       rf"where a read costs less than {NUMBER} copies \(`READ_COST_LIMIT`\)"),
     "single copy's probe (bytes, reads)": (

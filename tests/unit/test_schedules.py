@@ -20,14 +20,14 @@ from shmcoll.waits import SLEEP_AT_ONCE
 CHUNK = 4096
 
 
-def _arenas(size: int, monkeypatch, lanes: int = 1):
+def _arenas(size: int, monkeypatch, lanes: int = 1, chunk: int = CHUNK):
     """``size`` Arena handles (one per thread-rank) over one fresh segment, with 1 us wait slices."""
     monkeypatch.setattr(arena_module, "_SLICE_NS", 1000)
-    layout = arena_module.layout(size, CHUNK, 1024, lanes)
+    layout = arena_module.layout(size, chunk, 1024, lanes)
     segment = _segment.create_unnamed("/dev/shm", layout.total)
     segment.release_fd()
-    arena_module._init_header(segment, size, CHUNK, 1024, lanes)
-    handles = [arena_module.Arena(segment, r, size, CHUNK, 1024, timedelta(seconds=30), SLEEP_AT_ONCE,
+    arena_module._init_header(segment, size, chunk, 1024, lanes)
+    handles = [arena_module.Arena(segment, r, size, chunk, 1024, timedelta(seconds=30), SLEEP_AT_ONCE,
                                   list(range(size)), lanes)
                for r in range(size)]
     for handle in handles:
@@ -379,41 +379,107 @@ def test_an_aborted_rank_stops_every_lane(monkeypatch):
 @pytest.mark.parametrize("size", [2, 3])
 def test_single_copy_gives_the_copy_paths_bits(size, monkeypatch):
     """The single-copy schedules (peers' buffers read with process_vm_readv; here the thread-ranks share one
-    pid) against the copy path on random float32: all-reduce and reduce-scatter bitwise, every rank alike,
-    all-gather and broadcast exact; several in a row, 1 us wait slices (every resume point taken)."""
+    pid) against the copy path on random float32: all-reduce, reduce and reduce-scatter bitwise, every rank
+    alike, all-gather and broadcast exact; several in a row, 1 us wait slices (every resume point taken); on
+    one thread and with the reads and reductions split over 2-4 lanes (each rank's lane threads)."""
     from shmcoll.algorithms import allgather, broadcast
+    from shmcoll.lanes import Lanes
 
-    segment, handles = _arenas(size, monkeypatch)
+    chunk = 32 << 10  # room in the scratch for 4 lanes' rows (LEAST_ROW_BYTES in _ext/single_copy.pyx)
+    segment, handles = _arenas(size, monkeypatch, lanes=4, chunk=chunk)
+    pools = [Lanes(handle, 4096) for handle in handles]
     for handle in handles:
         handle.enable_single_copy()
     entry = kernel_library.entry_point("float32")
-    counts = [1, 7, 1000, 3 * CHUNK + 5]  # pieces of the scratch: several for the largest
+    counts = [1, 7, 1000, 3 * chunk + 5]  # pieces of the scratch: several for the largest, on every lane
+    lane_counts = (1, 2, 3, 4)
     data = {c: _inputs(size, c * size, np.float32, c) for c in counts}
     copy = {c: [x.copy() for x in data[c]] for c in counts}
-    single = {c: [x.copy() for x in data[c]] for c in counts}
-    scattered = {(c, how): [np.zeros(c, np.float32) for _ in range(size)] for c in counts for how in ("copy", "sc")}
-    gathered = {c: [np.zeros(c * size, np.float32) for _ in range(size)] for c in counts}
-    sent = {c: [data[c][0][:c].copy() if r == size - 1 else np.zeros(c, np.float32) for r in range(size)]
-            for c in counts}
+    reduced = {c: [x.copy() for x in data[c]] for c in counts}
+    scattered = {c: [np.zeros(c, np.float32) for _ in range(size)] for c in counts}
+    single = {(c, n): [x.copy() for x in data[c]] for c in counts for n in lane_counts}
+    rooted = {(c, n): [x.copy() for x in data[c]] for c in counts for n in lane_counts}
+    sc_scattered = {(c, n): [np.zeros(c, np.float32) for _ in range(size)] for c in counts for n in lane_counts}
+    gathered = {(c, n): [np.zeros(c * size, np.float32) for _ in range(size)] for c in counts for n in lane_counts}
+    sent = {(c, n): [data[c][0][:c].copy() if r == size - 1 else np.zeros(c, np.float32) for r in range(size)]
+            for c in counts for n in lane_counts}
 
     def body(rank):
         arena = handles[rank]
+        pools[rank].attach_single_copy(arena.single_copy)
         for c in counts:
             allreduce.reduce_scatter_allgather(arena, copy[c][rank].ctypes.data, c * size, 4, entry, kernels.SUM,
                                                1.0, 17)
-            allreduce.single_copy(arena, single[c][rank].ctypes.data, c * size, 4, entry, kernels.SUM, 1.0, 17)
+            allreduce.reduce_scatter_allgather(arena, reduced[c][rank].ctypes.data, c * size, 4, entry,
+                                               kernels.SUM, 1.0, 16, root=1)
             reduce_scatter.reduce_scatter(arena, data[c][rank].ctypes.data, c, 4, entry, kernels.SUM, 1.0,
-                                          scattered[c, "copy"][rank].ctypes.data, 18)
-            reduce_scatter.single_copy(arena, data[c][rank].ctypes.data, c, 4, entry, kernels.SUM, 1.0,
-                                       scattered[c, "sc"][rank].ctypes.data, 18)
-            allgather.single_copy(arena, data[c][rank].ctypes.data, c * 4, gathered[c][rank].ctypes.data, c * 4, 19)
-            broadcast.single_copy(arena, sent[c][rank].ctypes.data, c * 4, size - 1, 20)
+                                          scattered[c][rank].ctypes.data, 18)
+            for n in lane_counts:
+                allreduce.single_copy(arena, single[c, n][rank].ctypes.data, c * size, 4, entry, kernels.SUM, 1.0,
+                                      17, lanes=n)
+                allreduce.single_copy(arena, rooted[c, n][rank].ctypes.data, c * size, 4, entry, kernels.SUM, 1.0,
+                                      16, root=1, lanes=n)
+                reduce_scatter.single_copy(arena, data[c][rank].ctypes.data, c, 4, entry, kernels.SUM, 1.0,
+                                           sc_scattered[c, n][rank].ctypes.data, 18, lanes=n)
+                allgather.single_copy(arena, data[c][rank].ctypes.data, c * 4, gathered[c, n][rank].ctypes.data,
+                                      c * 4, 19, lanes=n)
+                broadcast.single_copy(arena, sent[c, n][rank].ctypes.data, c * 4, size - 1, 20, lanes=n)
 
-    _run_ranks(size, body)
-    segment.close()
+    try:
+        _run_ranks(size, body)
+    finally:
+        for pool in pools:
+            pool.close()
+        segment.close()
     for c in counts:
-        for r in range(size):
-            assert single[c][r].tobytes() == copy[c][0].tobytes(), (c, r)
-            assert scattered[c, "sc"][r].tobytes() == scattered[c, "copy"][r].tobytes(), (c, r)
-            assert np.array_equal(gathered[c][r], np.concatenate([data[c][p][:c] for p in range(size)])), (c, r)
-            assert np.array_equal(sent[c][r], data[c][0][:c]), (c, r)
+        for n in lane_counts:
+            for r in range(size):
+                assert single[c, n][r].tobytes() == copy[c][0].tobytes(), (c, n, r)
+                assert sc_scattered[c, n][r].tobytes() == scattered[c][r].tobytes(), (c, n, r)
+                assert np.array_equal(gathered[c, n][r], np.concatenate([data[c][p][:c] for p in range(size)])), \
+                    (c, n, r)
+                assert np.array_equal(sent[c, n][r], data[c][0][:c]), (c, n, r)
+            assert rooted[c, n][1].tobytes() == reduced[c][1].tobytes(), (c, n)
+
+
+def test_a_read_failing_on_any_lane_fails_the_collective(monkeypatch):
+    """Single copy over 2 lanes: the root's buffer is readable in its first half only (its second page
+    unmapped), so only lane 1's read fails (EFAULT): the reader raises naming the root and the errno, and
+    the root, abandoned, raises too; neither returns as if the broadcast had moved its bytes."""
+    import ctypes
+
+    from shmcoll.algorithms import broadcast
+    from shmcoll.lanes import Lanes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = 4096
+    half_mapped = libc.mmap(None, 2 * page, 3, 0x22, -1, 0)  # PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS
+    assert half_mapped not in (None, ctypes.c_void_p(-1).value)
+    assert libc.munmap(half_mapped + page, page) == 0
+    segment, handles = _arenas(2, monkeypatch, lanes=2, chunk=32 << 10)
+    pools = [Lanes(handle, 4096) for handle in handles]
+    for handle in handles:
+        handle.enable_single_copy()
+    into = np.zeros(2 * page, np.uint8)
+    raised = {}
+
+    def body(rank):
+        pools[rank].attach_single_copy(handles[rank].single_copy)
+        try:
+            broadcast.single_copy(handles[rank], half_mapped if rank == 0 else into.ctypes.data, 2 * page, 0, 20,
+                                  lanes=2)
+        except Exception as error:  # compared below
+            raised[rank] = error
+
+    try:
+        _run_ranks(2, body)
+    finally:
+        for pool in pools:
+            pool.close()
+        segment.close()
+        libc.munmap(half_mapped, page)
+    assert 1 in raised and "EFAULT" in str(raised[1]) and "rank 0" in str(raised[1]), raised
+    assert 0 in raised, raised

@@ -56,10 +56,12 @@ def allgather_strided(arena, addr: int, nbytes: int, out: int, stride: int, desc
                                                                         resume))
 
 
-def single_copy(arena, addr: int, nbytes: int, out: int, stride: int, desc: int) -> None:
-    """As ``allgather_strided``, each rank reading the others' inputs where they are (``_single_copy``)."""
+def single_copy(arena, addr: int, nbytes: int, out: int, stride: int, desc: int, lanes: int = 1) -> None:
+    """As ``allgather_strided``, each rank reading the others' inputs where they are (``_single_copy``), over
+    ``lanes`` of its lanes."""
     sc = arena.single_copy
-    schedule.run(arena, sc, desc, lambda base, resume: sc.allgather(base, desc, addr, nbytes, out, stride, resume))
+    schedule.run(arena, sc, desc, lambda base, resume: sc.allgather(base, desc, addr, nbytes, out, stride, lanes,
+                                                                     resume))
 
 
 def single_copy_each(arena, addr: int, nbytes: int, outputs, desc: int) -> None:

@@ -92,13 +92,13 @@ def reduce_scatter_allgather(arena, addr: int, count: int, itemsize: int, kernel
 
 
 def single_copy(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float, desc: int,
-                root: int | None = None) -> None:
+                root: int | None = None, lanes: int = 1) -> None:
     """All-reduce in place, each rank reading its share of the others' buffers and then the others' shares
-    where they are (``_single_copy``): the same kernel in the same rank order, so the same bits. With
-    ``root``: a reduce, the root reading every buffer whole."""
+    where they are (``_single_copy``), over ``lanes`` of its lanes: the same kernel in the same rank order,
+    so the same bits. With ``root``: a reduce, the root reading every buffer whole."""
     sc = arena.single_copy
     if root is not None:
         return schedule.run(arena, sc, desc, lambda base, resume: sc.reduce(base, desc, addr, count, itemsize, root,
-                                                                             kernel, op, scale, resume))
+                                                                             kernel, op, scale, lanes, resume))
     schedule.run(arena, sc, desc, lambda base, resume: sc.allreduce(base, desc, addr, count, itemsize, kernel, op,
-                                                                     scale, resume))
+                                                                     scale, lanes, resume))

@@ -11,7 +11,8 @@ def broadcast(arena, addr: int, nbytes: int, root: int, desc: int) -> None:
     schedule.run(arena, arena.schedule, desc, lambda base, resume: call(base, desc, addr, nbytes, root, resume))
 
 
-def single_copy(arena, addr: int, nbytes: int, root: int, desc: int) -> None:
-    """As ``broadcast``, every rank reading the root's buffer where it is (``_single_copy``)."""
+def single_copy(arena, addr: int, nbytes: int, root: int, desc: int, lanes: int = 1) -> None:
+    """As ``broadcast``, every rank reading the root's buffer where it is (``_single_copy``), over ``lanes``
+    of its lanes."""
     sc = arena.single_copy
-    schedule.run(arena, sc, desc, lambda base, resume: sc.broadcast(base, desc, addr, nbytes, root, resume))
+    schedule.run(arena, sc, desc, lambda base, resume: sc.broadcast(base, desc, addr, nbytes, root, lanes, resume))

@@ -18,10 +18,10 @@ def reduce_scatter(arena, addr: int, block_count: int, itemsize: int, kernel: in
 
 
 def single_copy(arena, addr: int, block_count: int, itemsize: int, kernel: int, op: int, scale: float,
-                out_addr: int, desc: int) -> None:
+                out_addr: int, desc: int, lanes: int = 1) -> None:
     """As ``reduce_scatter`` (blocks back to back), each rank reading its block of the others' inputs where
-    they are (``_single_copy``); ``out_addr`` must not overlap the input."""
+    they are (``_single_copy``), over ``lanes`` of its lanes; ``out_addr`` must not overlap the input."""
     sc = arena.single_copy
     schedule.run(arena, sc, desc, lambda base, resume: sc.reduce_scatter(base, desc, addr, block_count, block_count,
                                                                           itemsize, out_addr, kernel, op, scale,
-                                                                          resume))
+                                                                          lanes, resume))

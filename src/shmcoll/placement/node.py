@@ -135,13 +135,20 @@ class OneNode(OnArena):
 
     def _single_copy(self, kind: str, nbytes: int) -> bool:
         """Whether a collective ``kind`` of ``nbytes`` per rank reads the peers' buffers directly: in its span
-        (``single_copy_spans``), and on one thread (lanes, where a rank has several, split the copy path
-        over them instead)."""
+        (``single_copy_spans``)."""
         span = self.single_copy_spans.get(kind)
-        if span is None or self.lanes.for_bytes(nbytes) > 1:
+        if span is None:
             return False
         least, most = span
         return least <= nbytes and (most is None or nbytes <= most)
+
+    def _single_copy_lanes(self, nbytes: int) -> int:
+        """The lanes a single-copy collective of ``nbytes`` per rank splits its reads and reductions over
+        (``Lanes.for_bytes``, as the copy path's), the lanes' threads lent to single copy where it splits."""
+        lanes = self.lanes.for_bytes(nbytes)
+        if lanes > 1:
+            self.lanes.attach_single_copy(self.arena.single_copy)
+        return lanes
 
     def _single_copy_alltoall(self) -> bool:
         """Whether all_to_all reads the peers' buffers directly: at every size or none (its ranks' sizes differ,
@@ -185,13 +192,14 @@ class OneNode(OnArena):
         """All-reduce (or reduce to ``root``) the contiguous ``work`` in place, chunked, over the lanes its
         size calls for."""
         addr, itemsize = work.data_ptr(), work.element_size()
-        if self._single_copy("all_reduce" if root is None else "reduce", work.numel() * itemsize):
+        nbytes = work.numel() * itemsize
+        if self._single_copy("all_reduce" if root is None else "reduce", nbytes):
             return allreduce.single_copy(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
-                                         red.scale, desc, root)
+                                         red.scale, desc, root, self._single_copy_lanes(nbytes))
         if root is None and self.one_shot_steps:
             return allreduce.one_shot_steps(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
                                             red.scale, desc)
-        lanes = self.lanes.for_bytes(work.numel() * itemsize)
+        lanes = self.lanes.for_bytes(nbytes)
         if lanes > 1:
             return self.lanes.run(_lanes.CHUNKED, lanes, desc, work.numel(), itemsize, addr, kernel=red.kernel,
                                   op=red.op.kernel, scale=red.scale, root=-1 if root is None else root)
@@ -210,7 +218,7 @@ class OneNode(OnArena):
             if into != addr + self.arena.local_rank * block * itemsize:  # our block in place: only we read it
                 source, = _apart([source], [target])
             reduce_scatter.single_copy(self.arena, source.data_ptr(), block, itemsize, red.kernel, red.op.kernel,
-                                       red.scale, into, desc)
+                                       red.scale, into, desc, self._single_copy_lanes(block * itemsize))
             return unstage(out, target)
         lanes = self.lanes.for_bytes(block * itemsize)
         if lanes > 1:
@@ -229,7 +237,7 @@ class OneNode(OnArena):
         work = staged(tensor)
         addr = work.data_ptr()
         if self._single_copy("broadcast", tensor.nbytes):
-            broadcast.single_copy(self.arena, addr, tensor.nbytes, root, desc)
+            broadcast.single_copy(self.arena, addr, tensor.nbytes, root, desc, self._single_copy_lanes(tensor.nbytes))
             return unstage(tensor, work)
         lanes = self.lanes.for_bytes(tensor.nbytes)
         if lanes > 1:
@@ -266,7 +274,7 @@ class OneNode(OnArena):
             if addr != out + self.arena.local_rank * nbytes:  # in place (our block) the schedule leaves alone
                 source, = _apart([source], [target])
                 addr = source.data_ptr()
-            allgather.single_copy(self.arena, addr, nbytes, out, nbytes, desc)
+            allgather.single_copy(self.arena, addr, nbytes, out, nbytes, desc, self._single_copy_lanes(nbytes))
             return unstage(output, target)
         lanes = self.lanes.for_bytes(nbytes)
         if lanes > 1:
