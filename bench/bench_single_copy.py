@@ -1,6 +1,6 @@
 """Single copy against the copy path inside a node, interleaved in one job.
 
-    torchrun --nproc_per_node=2 bench/bench_single_copy.py [--sizes 32K,256K,2M,16M] [--rounds 5]
+    torchrun --nproc_per_node=2 bench/bench_single_copy.py [--sizes 32K,256K,2M,16M] [--rounds 5] [--threads 1]
 
 Two shm groups over the same ranks, one made with SHMCOLL_SINGLE_COPY=1 (every
 size reads the peers' buffers) and one with 0 (every size copies through the
@@ -10,7 +10,9 @@ alike; separate jobs per path cannot show which is faster there. Prints, per
 collective and size (nccl-tests sizes: all_gather's output, reduce_scatter's
 input; reduce's input per rank, gather's and scatter's block per rank, all_to_all_single's input per rank), the median over rounds of rank 0's time per call for each path and
 their ratio, and the read cost the probe measured (``single_copy.read_cost``),
-which decides the default (``placement.node.single_copy_spans``).
+which decides the default (``placement.node.single_copy_spans``). With ``--threads T`` each rank has T
+torch threads, so both groups split large messages over T lanes (the copy path's lanes, single copy's
+reads and reductions: docs/DESIGN.md, "Single copy").
 """
 from __future__ import annotations
 
@@ -58,8 +60,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ops", default="all_reduce,reduce_scatter_tensor,all_gather_into_tensor,broadcast",
                         help=f"comma list of {', '.join(ALL_OPS + ROOTED)}")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank: the groups' lanes")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)  # before the groups: their lanes follow it
     groups = {}
     for path, mode in (("copy", "0"), ("single copy", "1")):
         os.environ["SHMCOLL_SINGLE_COPY"] = mode  # read when each group is made
@@ -74,8 +77,10 @@ def main() -> None:
 
     verdict = backend.of_group(groups["single copy"]).placement.single_copy  # what the group's probe found
     if rank == 0:
-        print(f"{world} ranks; single copy refused here: {verdict.refused}" if verdict.refused else
-              f"{world} ranks; the group's probe: a read of a peer costs {verdict.read_cost:.2f} copies here")
+        lanes = backend.of_group(groups["single copy"]).placement.lanes.count
+        print(f"{world} ranks, {lanes} lane(s) each; single copy refused here: {verdict.refused}" if verdict.refused
+              else f"{world} ranks, {lanes} lane(s) each; the group's probe: a read of a peer costs "
+                   f"{verdict.read_cost:.2f} copies here")
         print(f"{'op':17s} {'bytes':>8s} {'single copy us':>15s} {'copy us':>9s} {'copy/single':>12s}")
     for op in args.ops.split(","):
         for nbytes in (parse_bytes(s) for s in args.sizes.split(",")):

@@ -19,6 +19,9 @@
 #   oneshot  the all-reduce at 8x2 and 16x1 ranks (ONESHOT_LAYOUTS), 1-256 KiB: the default one-shot limit
 #            (allreduce.one_shot_limit, which falls with the ranks and caps SHMCOLL_SMALL_BYTES too) against
 #            two steps from 512 B on (SHMCOLL_SMALL_BYTES=512), shm only
+#   single   single copy (peers' buffers read with process_vm_readv, its reads and reductions over the lanes)
+#            against the copy path over the lanes, interleaved in one job (bench/bench_single_copy.py) at each
+#            layout of LAYOUTS, 256 KiB-64 MiB; the probe's read cost beside it decides whether groups use it
 #   nodes    two simulated nodes (two torchruns, each its own SHMCOLL_HOSTID) of NODE_LAYOUT RANKS x THREADS each
 #            (default 2x4), 1 MiB-64 MiB, shm only: the node stages of the plans across nodes on the rank's threads
 #            (SHMCOLL_THREADS unset) against one thread (SHMCOLL_THREADS=1), alternated twice
@@ -30,10 +33,11 @@ DDP_LAYOUTS=${DDP_LAYOUTS:-$LAYOUTS}
 PEER_LAYOUTS=${PEER_LAYOUTS:-${LAYOUTS%% *}}
 ONESHOT_LAYOUTS=${ONESHOT_LAYOUTS:-"8x2 16x1"}
 NODE_LAYOUT=${NODE_LAYOUT:-2x4}
-PARTS=${PARTS:-"sweep base ddp peers split oneshot nodes"}
+PARTS=${PARTS:-"sweep base ddp peers split oneshot single nodes"}
 OUT=${RESULTS:-results/threads}
 mkdir -p "$OUT"
 first=${LAYOUTS%% *}
+"$PY" -m shmcoll info > "$OUT/info.txt" 2>&1 || true  # the machine as shmcoll sees it (single copy's read cost)
 
 wants() { [[ " $PARTS " == *" $1 "* ]]; }
 
@@ -88,6 +92,12 @@ if wants oneshot; then
             SHMCOLL_SMALL_BYTES=${small/default/} sweep "$layout" "oneshot-$layout-$small" --backends shm \
                 --ops all_reduce --dtypes float32 --min-bytes 1K --max-bytes 256K --step 2 --memcpy-time 0.1
         done
+    done
+fi
+if wants single; then
+    for layout in $LAYOUTS; do
+        echo "== single copy against the copy path at $layout" >&2
+        run "$layout" bench/bench_single_copy.py --sizes 256K,4M,64M --rounds 3 | tee "$OUT/single-$layout.txt"
     done
 fi
 if wants nodes; then
