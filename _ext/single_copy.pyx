@@ -406,22 +406,22 @@ cdef class SingleCopy:
         return STATUS_DONE
 
     def gather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root, uintptr_t outs,
-               Py_ssize_t resume):
+               int lanes, Py_ssize_t resume):
         """Every rank's ``nbytes`` at ``addr`` to ``outs[rank]`` on ``root`` (``outs``: an array of one
         address per rank, read on the root only); ``root`` -1: on every rank (an all_gather into separate
         outputs, none of which may overlap the input but the own one exactly).
 
         base + 1: our input's address; every rank checks the others are in this gather; the root reads
-        every input; base + 2: the root is done reading, which every rank waits for.
+        every input (over ``lanes`` lanes); base + 2: the root is done reading, which every rank waits for.
         """
         cdef Py_ssize_t status
         with nogil:
-            status = self._gather(base, desc, addr, nbytes, root, <uint64_t *>outs, resume)
+            status = self._gather(base, desc, addr, nbytes, root, <uint64_t *>outs, lanes, resume)
         return status
 
     cdef Py_ssize_t _gather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root,
-                            uint64_t *outs, Py_ssize_t resume) noexcept nogil:
-        cdef int peer, err, me = self.me
+                            uint64_t *outs, int lanes, Py_ssize_t resume) noexcept nogil:
+        cdef int peer, me = self.me
         cdef Py_ssize_t status = self._open(base, desc, addr, resume)
         if status != _ON:
             return status
@@ -431,30 +431,31 @@ cdef class SingleCopy:
                     memcpy(<char *>outs[me], <char *>addr, nbytes)
                 for peer in range(self.size):
                     if peer != me:
-                        err = _read(self._pid(peer), <char *>outs[peer], self._their(peer, base + 1), nbytes)
-                        if err:
-                            return self._fail(peer, err)
+                        self._move(peer, <char *>outs[peer], self._their(peer, base + 1), nbytes)
+                status = self._moves(lanes)
+                if status != _ON:
+                    return status
             self._post_step(base + 2, desc)
             if not self._wait_all(base + 2):
                 return 1
         return STATUS_DONE
 
     def scatter(self, uint32_t base, uint64_t desc, uintptr_t ins, Py_ssize_t nbytes, int root, uintptr_t out,
-                Py_ssize_t resume):
+                int lanes, Py_ssize_t resume):
         """``nbytes`` at ``ins[rank]`` on ``root`` to ``out`` on every rank (``ins``: an array of one
         address per rank, on the root).
 
         base + 1: the root's array of addresses (the others post it empty); every rank checks the others
-        are in this scatter; the others read their entry of the root's array, then their block, and post
-        base + 2, which the root waits for before it copies its own block.
+        are in this scatter; the others read their entry of the root's array, then their block (over
+        ``lanes`` lanes), and post base + 2, which the root waits for before it copies its own block.
         """
         cdef Py_ssize_t status
         with nogil:
-            status = self._scatter(base, desc, ins, nbytes, root, <char *>out, resume)
+            status = self._scatter(base, desc, ins, nbytes, root, <char *>out, lanes, resume)
         return status
 
     cdef Py_ssize_t _scatter(self, uint32_t base, uint64_t desc, uintptr_t ins, Py_ssize_t nbytes, int root,
-                             char *out, Py_ssize_t resume) noexcept nogil:
+                             char *out, int lanes, Py_ssize_t resume) noexcept nogil:
         cdef int err, me = self.me
         cdef uint64_t theirs
         cdef Py_ssize_t status = self._open(base, desc, ins if me == root else 0, resume)
@@ -463,10 +464,12 @@ cdef class SingleCopy:
         if resume < 1:
             if me != root:
                 err = _read(self._pid(root), <char *>&theirs, self._their(root, base + 1) + 8 * me, 8)
-                if not err:
-                    err = _read(self._pid(root), out, theirs, nbytes)
                 if err:
                     return self._fail(root, err)
+                self._move(root, out, theirs, nbytes)
+                status = self._moves(lanes)
+                if status != _ON:
+                    return status
             self._post_step(base + 2, desc)
             if me == root and not self._wait_all(base + 2):
                 return 1
@@ -476,7 +479,7 @@ cdef class SingleCopy:
         return STATUS_DONE
 
     def alltoall(self, uint32_t base, uint64_t desc, uintptr_t sends, uintptr_t recvs, uintptr_t tables,
-                 Py_ssize_t table_stride, Py_ssize_t resume):
+                 Py_ssize_t table_stride, int lanes, Py_ssize_t resume):
         """Rank r's block for rank j to rank j. ``sends``/``recvs``: arrays of (address, bytes) per rank
         (recvs[j]: where what rank j sends us goes). ``tables``: the arena's size tables of step base + 1,
         each rank's row ``table_stride`` bytes apart (its send sizes, then its receive sizes), which every
@@ -484,15 +487,17 @@ cdef class SingleCopy:
 
         base + 1: our ``sends`` array's address; every rank checks the others are in this all_to_all and
         that every block has the size its receiver expects (SIZES, else), then reads its entry of each
-        peer's array and that peer's block; base + 2: done reading.
+        peer's array and then the blocks (over ``lanes`` lanes, its own block's copy among them); base + 2:
+        done reading.
         """
         cdef Py_ssize_t status
         with nogil:
-            status = self._alltoall(base, desc, sends, <uint64_t *>recvs, tables, table_stride, resume)
+            status = self._alltoall(base, desc, sends, <uint64_t *>recvs, tables, table_stride, lanes, resume)
         return status
 
     cdef Py_ssize_t _alltoall(self, uint32_t base, uint64_t desc, uintptr_t sends, uint64_t *recvs,
-                              uintptr_t tables, Py_ssize_t table_stride, Py_ssize_t resume) noexcept nogil:
+                              uintptr_t tables, Py_ssize_t table_stride, int lanes,
+                              Py_ssize_t resume) noexcept nogil:
         cdef int peer, other, err, me = self.me, size = self.size
         cdef uint64_t entry[2]
         cdef Py_ssize_t status = self._open(base, desc, sends, resume)
@@ -507,13 +512,16 @@ cdef class SingleCopy:
             for peer in range(size):
                 if peer == me:
                     if recvs[2 * me] != (<uint64_t *>sends)[2 * me]:
-                        memcpy(<char *>recvs[2 * me], <char *>(<uint64_t *>sends)[2 * me], recvs[2 * me + 1])
+                        self._move(me, <char *>recvs[2 * me], (<uint64_t *>sends)[2 * me], recvs[2 * me + 1])
                 elif recvs[2 * peer + 1] > 0:
                     err = _read(self._pid(peer), <char *>entry, self._their(peer, base + 1) + 16 * me, 16)
-                    if not err:
-                        err = _read(self._pid(peer), <char *>recvs[2 * peer], entry[0], recvs[2 * peer + 1])
                     if err:
+                        self.moves.count = self.moves.total = 0  # none of them made
                         return self._fail(peer, err)
+                    self._move(peer, <char *>recvs[2 * peer], entry[0], recvs[2 * peer + 1])
+            status = self._moves(lanes)
+            if status != _ON:
+                return status
             self._post_step(base + 2, desc)
             if not self._wait_all(base + 2):
                 return 1

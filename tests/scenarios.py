@@ -799,12 +799,14 @@ def lane_threads() -> list[str]:
 
 
 def single_copy_over_lanes(cases, big: str = "20011"):
-    """The all-reduce matrix and every data-movement collective with single copy forced on and several lanes:
+    """The all-reduce matrix, every data-movement collective, the rooted ones and all_to_all with single copy
+    forced on and several lanes:
     their reads and reductions split over the lane threads, which single copy must have borrowed."""
     from shmcoll.backend import of_group
 
     allreduce_matrix(cases, big)
     data_movement(cases, big)
+    rooted_and_scattered(cases)
     in_place_overlap(cases)
     lanes = of_group(None).placement.lanes
     cases.check("lanes/single-copy", lanes._single_copy is not None and len(lane_threads()) == lanes.count - 1,

@@ -53,7 +53,7 @@ def test_single_copy_over_lanes(world_size, threads):
     before = shm_entries()
     result = spawn("tests.scenarios:single_copy_over_lanes", world_size,
                    env={**SINGLE_COPY_LANES, "SHMCOLL_THREADS": str(threads)}, timeout=300)
-    assert_job_passes(result, min_cases=374 + 75 + 36 * world_size + 21 + 1)
+    assert_job_passes(result, min_cases=374 + 75 + 36 * world_size + 399 + 21 + 1)
     assert shm_entries() - before == set()
 
 

@@ -64,7 +64,7 @@ def single_copy(arena, addr: int, nbytes: int, out: int, stride: int, desc: int,
                                                                      resume))
 
 
-def single_copy_each(arena, addr: int, nbytes: int, outputs, desc: int) -> None:
-    """As ``allgather`` into one address per local rank, each rank reading the others' inputs where they are:
-    single copy's gather with every rank a root."""
-    gather.single_copy(arena, addr, nbytes, gather.EVERY_RANK, outputs, desc)
+def single_copy_each(arena, addr: int, nbytes: int, outputs, desc: int, lanes: int = 1) -> None:
+    """As ``allgather`` into one address per local rank, each rank reading the others' inputs where they are
+    (over ``lanes`` of its lanes): single copy's gather with every rank a root."""
+    gather.single_copy(arena, addr, nbytes, gather.EVERY_RANK, outputs, desc, lanes)

@@ -53,9 +53,10 @@ def alltoall(arena, send, recv, desc: int, flag: int = 0) -> int:
     return flags
 
 
-def single_copy(arena, send, recv, desc: int) -> None:
-    """As ``alltoall``, every rank reading its blocks where they are in the senders' inputs (``_single_copy``):
-    the size tables of the schedule's first step say whether the sizes agree, as there, before a byte moves.
+def single_copy(arena, send, recv, desc: int, lanes: int = 1) -> None:
+    """As ``alltoall``, every rank reading its blocks where they are in the senders' inputs (``_single_copy``),
+    over ``lanes`` of its lanes: the size tables of the schedule's first step say whether the sizes agree, as
+    there, before a byte moves.
     No rank's output may overlap its own input (its peers read that input while it writes the output)."""
     sc, me = arena.single_copy, arena.local_rank
     sends, recvs = np.array(send, dtype=np.uint64), np.array(recv, dtype=np.uint64)  # (address, bytes) rows
@@ -64,7 +65,7 @@ def single_copy(arena, send, recv, desc: int) -> None:
     tables[me] = [n for _, n in send] + [n for _, n in recv] + [0]
     schedule.run(arena, sc, desc,
                  lambda base, resume: sc.alltoall(base, desc, sends.ctypes.data, recvs.ctypes.data,
-                                                  tables.ctypes.data, tables.strides[0], resume),
+                                                  tables.ctypes.data, tables.strides[0], lanes, resume),
                  sizes_error=lambda: _sizes_error(arena, buf))
 
 

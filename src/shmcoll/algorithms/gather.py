@@ -25,10 +25,10 @@ def gather(arena, addr: int, nbytes: int, root: int, outputs, desc: int) -> None
                 copy(outputs[peer] + start, arena.slot(buf, peer), n)
 
 
-def single_copy(arena, addr: int, nbytes: int, root: int, outputs, desc: int) -> None:
+def single_copy(arena, addr: int, nbytes: int, root: int, outputs, desc: int, lanes: int = 1) -> None:
     """As ``gather``, the root (or every rank: ``EVERY_RANK``) reading every input where it is
-    (``_single_copy``)."""
+    (``_single_copy``), over ``lanes`` of its lanes."""
     sc = arena.single_copy
     outs = np.array(outputs if root in (arena.local_rank, EVERY_RANK) else [], dtype=np.uint64)
     schedule.run(arena, sc, desc, lambda base, resume: sc.gather(base, desc, addr, nbytes, root, outs.ctypes.data,
-                                                                 resume))
+                                                                 lanes, resume))

@@ -27,9 +27,10 @@ def scatter(arena, inputs, nbytes: int, root: int, out_addr: int, desc: int) -> 
             copy(out_addr + start, arena.slot(step & 1, me), n)
 
 
-def single_copy(arena, inputs, nbytes: int, root: int, out_addr: int, desc: int) -> None:
-    """As ``scatter``, every rank reading its block where it is on the root (``_single_copy``)."""
+def single_copy(arena, inputs, nbytes: int, root: int, out_addr: int, desc: int, lanes: int = 1) -> None:
+    """As ``scatter``, every rank reading its block where it is on the root (``_single_copy``), over ``lanes``
+    of its lanes."""
     sc = arena.single_copy
     ins = np.array(inputs if arena.local_rank == root else [], dtype=np.uint64)
     schedule.run(arena, sc, desc, lambda base, resume: sc.scatter(base, desc, ins.ctypes.data, nbytes, root,
-                                                                  out_addr, resume))
+                                                                  out_addr, lanes, resume))

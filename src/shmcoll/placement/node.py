@@ -150,6 +150,11 @@ class OneNode(OnArena):
             self.lanes.attach_single_copy(self.arena.single_copy)
         return lanes
 
+    def _alltoall_lanes(self, recv) -> int:
+        """The lanes a single-copy all_to_all splits its reads over: by the bytes it receives per rank (each
+        rank decides alone; single copy's split needs no agreement)."""
+        return self._single_copy_lanes(sum(n for _, n in recv) // max(1, len(recv)))
+
     def _single_copy_alltoall(self) -> bool:
         """Whether all_to_all reads the peers' buffers directly: at every size or none (its ranks' sizes differ,
         so no size can decide it alike on every rank)."""
@@ -257,7 +262,7 @@ class OneNode(OnArena):
             others = targets[:me] + targets[me + 1:]
             source, = _apart([source], others if targets[me].data_ptr() == source.data_ptr() else targets)
             allgather.single_copy_each(self.arena, source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets],
-                                       desc)
+                                       desc, self._single_copy_lanes(source.nbytes))
         else:
             allgather.allgather(self.arena, source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets], desc)
         for out, target in zip(outputs, targets):
@@ -299,8 +304,11 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         source = input.contiguous()
         targets = [staged_empty(out) for out in outputs] if outputs is not None else []
-        how = gather.single_copy if self._single_copy("gather", nbytes) else gather.gather
-        how(self.arena, source.data_ptr(), nbytes, root, [t.data_ptr() for t in targets], desc)
+        if self._single_copy("gather", nbytes):
+            gather.single_copy(self.arena, source.data_ptr(), nbytes, root, [t.data_ptr() for t in targets], desc,
+                               self._single_copy_lanes(nbytes))
+        else:
+            gather.gather(self.arena, source.data_ptr(), nbytes, root, [t.data_ptr() for t in targets], desc)
         for out, target in zip(outputs or [], targets):
             unstage(out, target)
 
@@ -310,18 +318,25 @@ class OneNode(OnArena):
             return barrier.barrier(self.arena, desc)
         sources = [t.contiguous() for t in inputs] if inputs is not None else []
         target = staged_empty(output)
-        how = scatter.single_copy if self._single_copy("scatter", nbytes) else scatter.scatter
-        how(self.arena, [t.data_ptr() for t in sources], nbytes, root, target.data_ptr(), desc)
+        if self._single_copy("scatter", nbytes):
+            scatter.single_copy(self.arena, [t.data_ptr() for t in sources], nbytes, root, target.data_ptr(), desc,
+                                self._single_copy_lanes(nbytes))
+        else:
+            scatter.scatter(self.arena, [t.data_ptr() for t in sources], nbytes, root, target.data_ptr(), desc)
         unstage(output, target)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], desc: int) -> None:
         sources = [t.contiguous() for t in inputs]
         targets = [staged_empty(t) for t in outputs]
-        how = alltoall.alltoall
-        if self._single_copy_alltoall():
-            sources, how = _apart(sources, targets), alltoall.single_copy
-        how(self.arena, [(t.data_ptr(), t.nbytes) for t in sources], [(t.data_ptr(), t.nbytes) for t in targets],
-            desc)
+        single = self._single_copy_alltoall()
+        if single:
+            sources = _apart(sources, targets)
+        send = [(t.data_ptr(), t.nbytes) for t in sources]
+        recv = [(t.data_ptr(), t.nbytes) for t in targets]
+        if single:
+            alltoall.single_copy(self.arena, send, recv, desc, self._alltoall_lanes(recv))
+        else:
+            alltoall.alltoall(self.arena, send, recv, desc)
         for out, target in zip(outputs, targets):
             unstage(out, target)
 
@@ -329,12 +344,16 @@ class OneNode(OnArena):
         """``out_blocks``/``in_blocks``: (byte offset, byte count) of each rank's block."""
         source = input.contiguous()
         target = staged_empty(output)
-        how = alltoall.alltoall
-        if self._single_copy_alltoall():
-            (source,), how = _apart([source], [target]), alltoall.single_copy
+        single = self._single_copy_alltoall()
+        if single:
+            source, = _apart([source], [target])
         base_in, base_out = source.data_ptr(), target.data_ptr()
-        how(self.arena, [(base_in + off, n) for off, n in in_blocks], [(base_out + off, n) for off, n in out_blocks],
-            desc)
+        send = [(base_in + off, n) for off, n in in_blocks]
+        recv = [(base_out + off, n) for off, n in out_blocks]
+        if single:
+            alltoall.single_copy(self.arena, send, recv, desc, self._alltoall_lanes(recv))
+        else:
+            alltoall.alltoall(self.arena, send, recv, desc)
         unstage(output, target)
 
     def barrier(self, desc: int) -> None:
