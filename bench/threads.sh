@@ -22,6 +22,8 @@
 #   single   single copy (peers' buffers read with process_vm_readv, its reads and reductions over the lanes)
 #            against the copy path over the lanes, interleaved in one job (bench/bench_single_copy.py) at each
 #            layout of LAYOUTS, 256 KiB-64 MiB; the probe's read cost beside it decides whether groups use it
+#   pinned   the sweep at each layout of LAYOUTS with every rank bound to its own consecutive share of the CPUs
+#            (the sweep's --pin, as numactl or taskset would), 64 KiB-64 MiB, shm only: whether binding pays
 #   nodes    two simulated nodes (two torchruns, each its own SHMCOLL_HOSTID) of NODE_LAYOUT RANKS x THREADS each
 #            (default 2x4), 1 MiB-64 MiB, shm only: the node stages of the plans across nodes on the rank's threads
 #            (SHMCOLL_THREADS unset) against one thread (SHMCOLL_THREADS=1), alternated twice
@@ -33,7 +35,7 @@ DDP_LAYOUTS=${DDP_LAYOUTS:-$LAYOUTS}
 PEER_LAYOUTS=${PEER_LAYOUTS:-${LAYOUTS%% *}}
 ONESHOT_LAYOUTS=${ONESHOT_LAYOUTS:-"8x2 16x1"}
 NODE_LAYOUT=${NODE_LAYOUT:-2x4}
-PARTS=${PARTS:-"sweep base ddp peers split oneshot single nodes"}
+PARTS=${PARTS:-"sweep base ddp peers split oneshot single pinned nodes"}
 OUT=${RESULTS:-results/threads}
 mkdir -p "$OUT"
 first=${LAYOUTS%% *}
@@ -98,6 +100,14 @@ if wants single; then
     for layout in $LAYOUTS; do
         echo "== single copy against the copy path at $layout" >&2
         run "$layout" bench/bench_single_copy.py --sizes 256K,4M,64M --rounds 3 | tee "$OUT/single-$layout.txt"
+    done
+fi
+if wants pinned; then
+    for layout in $LAYOUTS; do
+        echo "== pinned: sweep at $layout, every rank bound to its own share of the CPUs" >&2
+        sweep "$layout" "pinned-$layout" --pin --backends shm --min-bytes 64K --max-bytes 64M --step 4 \
+            --memcpy-time 0.1 --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast \
+            --dtypes float32,bfloat16
     done
 fi
 if wants nodes; then

@@ -26,7 +26,7 @@ def test_sweep_reports_every_point(tmp_path):
     done = run_sweep("shmcoll.bench.sweep", "--json", str(document), "--pin")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(document.read_text())["config"]["pinned"] is True
-    assert "local rank r pinned to CPU r mod (CPUs)" in done.stdout
+    assert "local rank r of n bound to the r-th of n shares of the CPUs" in done.stdout
     rows = json.loads(document.read_text())["rows"]
     ops = {row["op"] for row in rows}
     assert ops == {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast"}

@@ -214,7 +214,7 @@ def measure(args) -> int:
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
     if args.pin:  # one node: the MPI rank is the local rank
-        timing.pin(comm.Get_rank())
+        timing.pin(comm.Get_rank(), comm.Get_size())
     ctrl = MpiCtrl(comm.Dup())
     rank, world = comm.Get_rank(), comm.Get_size()
     out = sys.stdout

@@ -169,7 +169,8 @@ def machine_info(world: int) -> dict:
 
 def pinning(args) -> str:
     """The method line's words on ``--pin`` (shmcoll.bench.timing.pin)."""
-    return "; local rank r pinned to CPU r mod (CPUs)" if args.pin else ""
+    return ("; local rank r of n bound to the r-th of n shares of the CPUs (CPU r mod (CPUs) where ranks "
+            "outnumber them)") if args.pin else ""
 
 
 def write_header(out, machine: dict, labels: list[str], args, memcpy: list, memcpy_gbps: float) -> None:

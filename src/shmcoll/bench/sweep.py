@@ -133,8 +133,9 @@ def add_size_and_timing_arguments(p: argparse.ArgumentParser, ops: tuple = cases
     p.add_argument("--warmup", type=int, default=3, help="warm-up calls before calibration")
     p.add_argument("--json", metavar="PATH", help="write machine, memcpy GB/s and all rows here")
     p.add_argument("--pin", action="store_true",
-                   help="pin local rank r to CPU r mod (CPUs in the affinity mask) first: with more ranks than "
-                        "CPUs, which ranks share a core is then the same in every run (shmcoll.bench.timing.pin)")
+                   help="bind local rank r of n to the r-th of n shares of the CPUs in the affinity mask first "
+                        "(CPU r mod (CPUs) where ranks outnumber them: which ranks share a core is then the same in "
+                        "every run; shmcoll.bench.timing.pin)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 4 sizes (8 B..1 MiB), 3 rounds of ~20 ms, short memcpy")
 
@@ -295,7 +296,7 @@ def init_groups(args, rank: int):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.pin:  # before any thread starts: they inherit it
-        timing.pin(int(os.environ.get("LOCAL_RANK", "0")))
+        timing.pin(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(args.threads)
     try:
         torch.set_num_interop_threads(1)

@@ -21,18 +21,25 @@ import torch
 MAX_ITERS = 1_000_000
 
 
-def pin(local_rank: int) -> int:
-    """Pin this process (and the threads it starts later) to one CPU of its affinity mask, the
-    ``local_rank``-th modulo their number, and return that CPU (``--pin``).
+def pin(local_rank: int, local_ranks: int) -> list[int]:
+    """Bind this process (and the threads it starts later) to its share of its affinity mask, and return
+    those CPUs (``--pin``): local rank r of n the r-th of n consecutive equal shares, as numactl or taskset
+    would give one rank per socket; where ranks outnumber the CPUs, the one CPU r modulo their number.
 
     With more ranks than CPUs the kernel decides which ranks share a core, and changes its mind
     from run to run and within a run: 4 ranks on 2 cores take 32-45 us for a 256 KiB all_gather
     two to a core and 55-67 us with three on one, shm and Open MPI alike
-    (``bench/bench_oversubscribed.py``). Pinned the same way, both sweeps share cores alike."""
+    (``bench/bench_oversubscribed.py``). Pinned the same way, both sweeps share cores alike. With fewer
+    ranks than CPUs (a rank of many threads), whether binding pays is what bench/threads.sh's ``pinned``
+    part measures; shm's lanes follow the binding (a rank bound to its own CPUs shares them with no local
+    rank, so its lanes default to its share)."""
     cpus = sorted(os.sched_getaffinity(0))
-    cpu = cpus[local_rank % len(cpus)]
-    os.sched_setaffinity(0, {cpu})
-    return cpu
+    if local_ranks >= len(cpus):
+        mine = [cpus[local_rank % len(cpus)]]
+    else:
+        mine = cpus[local_rank * len(cpus) // local_ranks:(local_rank + 1) * len(cpus) // local_ranks]
+    os.sched_setaffinity(0, mine)
+    return mine
 
 
 def run_calls(fn, iters: int) -> float:
