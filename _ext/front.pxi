@@ -59,8 +59,9 @@ cdef class SmallCollectives:
     error that makes the group unusable). A wait that outlasts its slice, or a peer in another collective,
     goes to the Python functions that settle it the slow way (``finish_one_shot``, ``finish_run``)."""
 
-    cdef object group, engine, steps, plans, finish_one_shot, finish_run
-    cdef object tensor_type, strided, error_type, profiling, log
+    cdef object group, engine, steps, plans, finish_one_shot, finish_run, finish_barrier
+    cdef object tensor_type, strided, error_type, profiling, log, barrier_options
+    cdef uint64_t barrier_desc
     cdef tuple kinds, options  # per collective (the order above): its descriptor kind, its options' type
     cdef Py_ssize_t limits[_KINDS]  # per collective: the most bytes per rank (reduce-scatter: per block)
     cdef list entries  # per collective: key(dtype, op or root) -> what its calls need (``_entry``)
@@ -72,7 +73,8 @@ cdef class SmallCollectives:
 
     def __init__(self, group, engine, steps, Schedule schedule, dict plans, tuple kinds, tuple options,
                  tuple limits, int count_shift, Py_ssize_t inline_async_bytes, finish_one_shot, finish_run,
-                 tensor_type, strided, error_type, profiling, log):
+                 tensor_type, strided, error_type, profiling, log, barrier_options, uint64_t barrier_desc,
+                 finish_barrier):
         self.group = group
         self.engine = engine
         self.steps = steps  # the arena's Steps: step (last posted) and all_reached
@@ -94,6 +96,9 @@ cdef class SmallCollectives:
         self.error_type = error_type  # the errors that make the group unusable (ShmcollError)
         self.profiling = profiling  # whether a profiler is on: the general path records the event
         self.log = log  # where DEBUG is on, the general path logs each collective
+        self.barrier_options = barrier_options  # the barrier's options type and its (only) descriptor
+        self.barrier_desc = barrier_desc
+        self.finish_barrier = finish_barrier
         # logging's own record of the levels asked about, kept until a level changes: one dict read per call
         # where Logger.isEnabledFor is a Python call
         cached = getattr(log, "_cache", None)
@@ -236,6 +241,28 @@ cdef class SmallCollectives:
             if failed is not None:
                 return failed
         return self._work(tensors, desc, async_op)
+
+    def barrier(self, opts):
+        """``group.barrier(opts)`` as one step, or None."""
+        if type(opts) is not self.barrier_options or not self._may_start():
+            return None
+        cdef bint async_op = opts.asyncOp
+        cdef int64_t step = self.steps.step + 1
+        cdef uint64_t desc = self.barrier_desc
+        cdef Py_ssize_t status
+        self._start(desc)
+        with nogil:
+            status = barrier(&self.schedule.s, <uint32_t>step, desc)
+        if status == STATUS_DONE:  # steps.record_schedule(step, step), less its Python call
+            self.steps.step = step
+            self.steps.all_reached = step
+            self.group._in_collective = False
+        else:
+            self.steps.step = step  # posted
+            failed = self._settle(self.finish_barrier, (self.steps, step, desc), [], desc, async_op)
+            if failed is not None:
+                return failed
+        return self._work([], desc, async_op)
 
     def broadcast(self, tensors, opts):
         """``group.broadcast(tensors, opts)`` on one lane of the copy path, or None."""

@@ -34,6 +34,7 @@ include "allreduce.pxi"
 include "reduce_scatter.pxi"
 include "allgather.pxi"
 include "broadcast.pxi"
+include "barrier.pxi"
 
 DONE = STATUS_DONE
 MISMATCH = STATUS_MISMATCH

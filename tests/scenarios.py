@@ -944,3 +944,27 @@ def fast_paths(cases):
                                        ("all_gather_into_tensor", all_gather, torch.int16, None)):
         case = f"fast_path/{name}/late_peer"
         cases.run(case, late_peer)
+
+    # The barrier takes the compiled path from its first call (it has no plan to admit); a late peer's barrier
+    # must still hold everyone back (finish of shmcoll.algorithms.barrier, after the first slice).
+    for async_op, late in ((False, False), (True, False), (False, True)):
+        case = f"fast_path/barrier/async={async_op}/late={late}"
+
+        def barrier_call():
+            before = pg._small.taken if compiled is not None else 0
+            seq = pg._seq
+            if late and rank == world - 1:
+                time.sleep(0.35)
+            start = time.monotonic()
+            work = dist.barrier(async_op=async_op)
+            if async_op:
+                work.wait()
+            held = time.monotonic() - start
+            took = (pg._small.taken - before) if compiled is not None else 0
+            assert took == (1 if one_lane_bytes else 0), f"{case}: the compiled path took {took} calls"
+            assert pg._seq == seq + 1 and pg.describe_current() == f"barrier() #{seq + 1}", \
+                f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
+            assert not late or rank == world - 1 or held > 0.25, f"{case}: the barrier let rank {rank} go after " \
+                f"{held:.3f} s, before the late rank came"
+
+        cases.run(case, barrier_call)

@@ -31,6 +31,7 @@ from shmcoll._env import read_settings
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
 from shmcoll.algorithms import allreduce as allreduce_algorithm
+from shmcoll.algorithms import barrier as barrier_algorithm
 from shmcoll.algorithms import schedule as schedule_driver
 from shmcoll.errors import AbortedError, ShmcollError
 from shmcoll.work import ProgressEngine, ending
@@ -43,6 +44,7 @@ _AllreduceOptions = dist.AllreduceOptions
 _ReduceScatterOptions = dist.ReduceScatterOptions
 _BroadcastOptions = dist.BroadcastOptions
 _AllgatherOptions = _torch_compat.AllgatherOptions
+_BarrierOptions = dist.BarrierOptions
 
 
 def _reduce_op(opts):
@@ -125,7 +127,8 @@ class Collectives:
             (_AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions),
             tuple(one_lane_bytes[kind] for kind in ("all_reduce", "broadcast", "all_gather", "reduce_scatter")),
             descriptors.COUNT_SHIFT, self._inline_async_bytes, allreduce_algorithm.finish_one_shot,
-            schedule_driver.finish_run, _Tensor, _STRIDED, ShmcollError, profiling.active, _log)
+            schedule_driver.finish_run, _Tensor, _STRIDED, ShmcollError, profiling.active, _log, _BarrierOptions,
+            descriptors.descriptor(descriptors.BARRIER), barrier_algorithm.finish)
 
     # -- what torch asks of a group ------------------------------------------
 
@@ -600,6 +603,9 @@ class _TakesNone:
         return None
 
     reduce_scatter = allgather_into
+
+    def barrier(self, opts) -> None:
+        return None
 
 
 def of_group(group=None) -> Collectives:

@@ -212,7 +212,8 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
     def barrier(self, opts=None):
         if isinstance(opts, timedelta):  # barrier(timeout)
             opts = _options(dist.BarrierOptions, opts)
-        return Collectives.barrier(self, opts)
+        work = self._small.barrier(opts)
+        return Collectives.barrier(self, opts) if work is None else work
 
     @_routes_devices
     def send(self, tensors, dstRank: int, tag: int = 0):
