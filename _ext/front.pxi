@@ -253,12 +253,11 @@ cdef class SmallCollectives:
         self._start(desc)
         with nogil:
             status = barrier(&self.schedule.s, <uint32_t>step, desc)
-        if status == STATUS_DONE:  # steps.record_schedule(step, step), less its Python call
-            self.steps.step = step
+        self.steps.step = step  # posted (steps.record_schedule, less its Python call)
+        if status == STATUS_DONE:
             self.steps.all_reached = step
             self.group._in_collective = False
         else:
-            self.steps.step = step  # posted
             failed = self._settle(self.finish_barrier, (self.steps, step, desc), [], desc, async_op)
             if failed is not None:
                 return failed

@@ -109,7 +109,6 @@ cdef void _moves_part(void *ctx, Py_ssize_t lo, Py_ssize_t hi, int lane) noexcep
     cdef moves_t *m = <moves_t *>ctx
     cdef Py_ssize_t start = 0, a, b
     cdef int i, err
-    m.err[lane] = 0
     for i in range(m.count):
         a = lo if lo > start else start
         b = hi if hi < start + m.bytes[i] else start + m.bytes[i]
@@ -152,7 +151,6 @@ cdef void _reduction_part(void *ctx, Py_ssize_t lo, Py_ssize_t hi, int lane) noe
     cdef Py_ssize_t piece = r.lane_scratch // (r.size * itemsize)
     cdef Py_ssize_t start = lo, n, at
     cdef char *rows = r.scratch + lane * r.lane_scratch
-    r.err[lane] = 0
     while start < hi:
         n = piece if hi - start > piece else hi - start
         at = r.offset + start * itemsize
@@ -193,6 +191,8 @@ cdef class SingleCopy:
         self.scratch_bytes = scratch_bytes
         self.slice_ns = slice_ns
         self.set_waits(spin_ns, yield_ns, yield_company)
+        self.reduction.me, self.reduction.size = me, size
+        self.reduction.scratch = <char *>scratch
         self.moves.pid = <int *>calloc(size, sizeof(int))
         self.moves.peer = <int *>calloc(size, sizeof(int))
         self.moves.into = <char **>calloc(size, sizeof(char *))
@@ -316,21 +316,14 @@ cdef class SingleCopy:
         give each its rows): _ON, or FAILED."""
         cdef reduction_t *r = &self.reduction
         cdef int peer
-        cdef Py_ssize_t most = self.scratch_bytes // (self.size * LEAST_ROW_BYTES)
-        if lanes > most:
-            lanes = <int>most
-        if lanes > MAX_POOL_LANES:
-            lanes = MAX_POOL_LANES
-        if lanes < 1:
-            lanes = 1
-        r.me, r.size, r.itemsize = self.me, self.size, itemsize
+        lanes = <int>max(1, min(<Py_ssize_t>lanes, self.scratch_bytes // (self.size * LEAST_ROW_BYTES)))
+        r.itemsize = itemsize
         for peer in range(self.size):
             if peer != self.me:
                 r.pid[peer] = self._pid(peer)
                 r.source[peer] = self._their(peer, step)
         r.buffer, r.offset, r.out = buffer, offset, out
         r.kernel, r.op, r.scale = kernel, op, scale
-        r.scratch = <char *>self.scratch
         r.lane_scratch = self.scratch_bytes if lanes == 1 else self.scratch_bytes // lanes // 64 * 64
         self._split(lanes, _reduction_part, r, r.err, count, max(1, 64 // itemsize))
         return self._first_failure(r.err, r.failed_peer)
