@@ -1,5 +1,6 @@
 # Control-line primitives shared by the Cython modules that wait on steps
-# (sync.pyx for Python callers, schedules.pyx and single_copy.pyx for whole schedules run in C).
+# (sync.pyx for Python callers, schedules.pyx and single_copy.pyx for whole schedules run in C, p2p.pyx for
+# point-to-point chunks).
 # Textually included: every function here inlines into its caller.
 # Terms: see sync.pyx.
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t

@@ -221,6 +221,40 @@ def abort_hung_collective() -> None:
     _report_threads()
 
 
+def abort_hung_recv() -> None:
+    """Rank 0 waits in a recv that the last rank never sends; another thread aborts the group. The recv, which
+    waits in C on the caller's thread (p2p.PointToPoint.help), must raise within about a second of abort(),
+    and the exit is clean."""
+    _init(timeout_s=60)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.distributed_c10d._get_default_group()
+    dist.barrier()
+    if rank != 0:
+        time.sleep(4)  # never sends; stays alive, so only abort() can end rank 0's wait early
+        dist.destroy_process_group()
+        _report_threads()
+        return
+    aborted_at = []
+
+    def abort_soon():
+        time.sleep(1.0)
+        aborted_at.append(time.monotonic())
+        group.abort()
+
+    threading.Thread(target=abort_soon).start()
+    start = time.monotonic()
+    try:
+        dist.recv(torch.zeros(5), world - 1)
+    except RuntimeError as error:
+        raised_after = time.monotonic() - aborted_at[0]
+        assert raised_after < 2.0, f"the recv raised {raised_after:.2f} s after abort()"
+        assert "abort" in str(error) or "shut down" in str(error), error
+    else:
+        raise AssertionError(f"the recv returned after {time.monotonic() - start:.1f} s")
+    dist.destroy_process_group()
+    _report_threads()
+
+
 _KEPT = {}
 
 
@@ -254,7 +288,7 @@ def gloo_worker_busy_at_exit() -> None:
 
 CASES = {f.__name__: f for f in (mixed_with_gloo, destroy_one_subgroup, reinit, exit_without_destroy,
                                  exception_in_user_code, busy_until_signalled, forked_dataloader_workers,
-                                 abort_hung_collective, gloo_worker_busy_at_exit)}
+                                 abort_hung_collective, abort_hung_recv, gloo_worker_busy_at_exit)}
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

@@ -592,6 +592,37 @@ def point_to_point(cases):
 
     cases.run("p2p/send_recv_object_list", object_lists)
 
+    def receive_waited_otherwise():
+        """A small receive posted before its message waits in the channel for its caller's wait() without
+        waking the p2p thread (p2p.TransferWork); asked anything else, it must still complete: polled with
+        is_completed(), waited with a timeout, through its future."""
+        from datetime import timedelta
+
+        if rank > 1:
+            return
+        for way in ("polled", "timeout", "future"):
+            if rank == 0:
+                time.sleep(0.2)  # the receive is posted first
+                dist.send(torch.full((3,), float(len(way))), 1, tag=5)
+                continue
+            got = torch.zeros(3)
+            work = dist.irecv(got, 0, tag=5)
+            deadline = time.monotonic() + 10
+            if way == "polled":
+                while not work.is_completed():
+                    assert time.monotonic() < deadline, "is_completed() never became true"
+                    time.sleep(0.001)
+            elif way == "timeout":
+                work.wait(timeout=timedelta(seconds=10))
+            else:
+                future = work.get_future()
+                while not future.done():
+                    assert time.monotonic() < deadline, "the receive's future never completed"
+                    time.sleep(0.001)
+            _equal(got, torch.full((3,), float(len(way))), f"a receive {way}")
+
+    cases.run("p2p/receive_waited_otherwise", receive_waited_otherwise)
+
     # Last: it leaves the tag-1 message unreceived in the 0 -> 1 channel, on purpose.
     def wrong_tag_is_an_error():
         if rank == 0:

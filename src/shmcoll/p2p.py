@@ -1,11 +1,10 @@
 """Point-to-point messages through the arena's channels.
 
-Each ordered pair of local ranks owns a channel (see arena.py): the sender
-publishes chunk c in half c % 2 and bumps its sequence word; the receiver
-copies it out and bumps the acknowledgement word. Chunk c may be written once
-chunk c - 2 has been acknowledged, so big messages stream through two halves.
-Every half starts with a header (tag, message bytes, offset, chunk bytes)
-that the receiver checks against what it expects.
+Each ordered pair of local ranks owns a channel (arena.py's layout; its chunks, halves and headers are
+``_ext/p2p.pyx``'s, which moves them in C): the sender publishes chunk c in half c % 2 and bumps its count of
+chunks posted; the receiver copies it out and bumps its count of chunks taken. Chunk c may be written once
+chunk c - 2 has been taken, so big messages stream through two halves. Every half starts with a header that
+the receiver checks against what it expects.
 
 Messages between two ranks arrive in the order they were sent; a tag is
 checked, not used to reorder (a receive that finds another tag first raises).
@@ -13,31 +12,36 @@ checked, not used to reorder (a receive that finds another tag first raises).
 Single copy (``direct_from``: the least message that uses it, None for never):
 the sender's one chunk is a header that gives its buffer's address instead of
 data; the receiver reads the whole message from the sender's memory
-(``process_vm_readv``) and acknowledges the chunk, which ends the send. The
+(``process_vm_readv``) and takes the chunk, which ends the send. The
 sender decides by the size; the receiver follows the header. Only messages
 larger than the two halves: a sender waits for its receiver then, on either
 path.
 
 Transfers are non-blocking state machines: ``advance()`` moves data as far as
-the channel allows and returns. A send or receive that can finish at once runs
-inline; the rest progress together on the group's p2p thread, so isend/irecv
-pairs in any order never deadlock.
+the channel allows (or, given a slice, waits for it that long in C) and returns.
+A send or receive that can finish at once runs inline; the rest progress on the
+group's p2p thread, so isend/irecv pairs in any order never deadlock. A caller
+that waits for a transfer (``dist.recv`` always does) progresses them itself
+meanwhile, and the thread stands aside: the caller sees its peer's chunk arrive
+at once, where a hand-off to the thread and back costs two wake-ups. A receive
+whose sender needs nobody to take its chunks (a message of at most two) does
+not even wake the thread: it waits in the channel for the caller, unless the
+caller asks for it otherwise (``TransferWork``).
 """
 from __future__ import annotations
 
 import threading
 import time
 
-import numpy as np
-
-from shmcoll import _single_copy, _sync, single_copy
-from shmcoll._copy import copy
+from shmcoll import _p2p, _single_copy, single_copy
+from shmcoll import _sync
 from shmcoll.errors import ShmcollError
-from shmcoll.waits import STEP_MASK, reached
+from shmcoll.waits import STEP_MASK
 from shmcoll.work import AsyncWork, CompletedWork
 
-HEADER_BYTES = 64
-DIRECT = -1  # a header's chunk bytes when the chunk carries the sender's address, not data
+# How long one C call of a transfer that a thread drives alone may wait before Python checks abort, deadlines
+# and liveness again (``PointToPoint._move_alone``); also the p2p thread's sleep on one word.
+MOVE_SLICE_NS = 1_000_000
 
 
 class _Transfer:
@@ -49,19 +53,11 @@ class _Transfer:
         self.addr = addr
         self.nbytes = nbytes
         self.tag = tag
-        self.offset = 0
+        self.chunks = 0  # of the message's ``p2p.channels.chunks(nbytes)``, moved
         self.done = False
         self.result = result
         self.last_progress = time.monotonic()
         self.warn_after = None  # idle seconds after which the next stall warning is due
-
-    def _passed(self, chunks: list, lines: int, line: int, chunk: int, n: int) -> None:
-        """Chunk ``chunk`` (``n`` bytes) went through: count it in ``chunks`` and post it on our ``line``
-        of the channel, so the other side may go on."""
-        chunks[self.peer] = chunk + 1
-        _sync.post(lines, line, (chunk + 1) & STEP_MASK, 0)
-        self.offset += n
-        self.done = self.offset >= self.nbytes
 
 
 class Send(_Transfer):
@@ -71,8 +67,9 @@ class Send(_Transfer):
         super().__init__(p2p, peer, addr, nbytes, tag, result)
         # Never a message that fits the channel's two halves: those the copy path sends without waiting for
         # the receiver, and a sender may rely on that (a message nobody receives yet, then a collective).
-        self.direct = p2p.direct_from is not None and 2 * p2p.payload < nbytes and p2p.direct_from <= nbytes
-        self.read_by = None  # a direct send: the acknowledgement that says the receiver has read our buffer
+        self.direct = (p2p.direct_from is not None and 2 * p2p.channels.payload < nbytes
+                       and p2p.direct_from <= nbytes)
+        self.read_by = None  # a direct send: the chunks taken that say the receiver has read our buffer
 
     def key(self):
         return ("send", self.peer)
@@ -80,35 +77,31 @@ class Send(_Transfer):
     def describe(self) -> str:
         return f"send of {self.nbytes} bytes (tag {self.tag}) to rank {self.p2p.ranks[self.peer]}"
 
-    def advance(self) -> bool:
-        p2p, peer = self.p2p, self.peer
-        lines, data = p2p.arena.channel(p2p.me, peer)
+    def advance(self, slice_ns: int = 0, budgets=None) -> bool:
+        channels = self.p2p.channels
         if self.read_by is not None:
-            self.done = reached(_sync.load_step(lines, 1), self.read_by)
+            if slice_ns > 0 and not channels.taken_by(self.peer, self.read_by):
+                lines, line, target = self.wait_target()
+                _sync.wait_rank(lines, line, target, budgets.spin_ns, budgets.yield_ns, slice_ns)
+            self.done = channels.taken_by(self.peer, self.read_by)
             return self.done
-        moved = False
-        while not self.done:
-            chunk = p2p.sent[peer]
-            if not reached(_sync.load_step(lines, 1), chunk - 1):
-                break  # the half still holds chunk - 2, not yet read
-            half = data + (chunk & 1) * p2p.half_bytes
-            if self.direct:
-                p2p.write_header(half, self.tag, self.nbytes, 0, DIRECT, self.addr)
-                self._passed(p2p.sent, lines, 0, chunk, 0)  # not done: the receiver reads it all
-                self.read_by = chunk + 1
-                return True
-            n = min(p2p.payload, self.nbytes - self.offset)
-            p2p.write_header(half, self.tag, self.nbytes, self.offset, n)
-            copy(half + HEADER_BYTES, self.addr + self.offset, n)
-            self._passed(p2p.sent, lines, 0, chunk, n)
-            moved = True
-        return moved
+        if self.direct:
+            read_by = channels.post_address(self.peer, self.addr, self.nbytes, self.tag)
+            if read_by < 0:
+                return False
+            self.read_by = read_by  # not done: the receiver reads it all
+            return True
+        before = self.chunks
+        spin_ns, yield_ns = (budgets.spin_ns, budgets.yield_ns) if budgets else (0, 0)
+        self.chunks = channels.send(self.peer, self.addr, self.nbytes, self.tag, before, slice_ns, spin_ns, yield_ns)
+        self.done = self.chunks >= channels.chunks(self.nbytes)
+        return self.chunks > before
 
     def wait_target(self):
-        lines, _ = self.p2p.arena.channel(self.p2p.me, self.peer)
         if self.read_by is not None:
-            return lines, 1, self.read_by & STEP_MASK
-        return lines, 1, (self.p2p.sent[self.peer] - 1) & STEP_MASK
+            lines, line, _ = self.p2p.channels.send_target(self.peer)
+            return lines, line, self.read_by & STEP_MASK
+        return self.p2p.channels.send_target(self.peer)
 
 
 class Recv(_Transfer):
@@ -121,39 +114,32 @@ class Recv(_Transfer):
         source = "any rank" if self.peer is None else f"rank {self.p2p.ranks[self.peer]}"
         return f"receive of {self.nbytes} bytes (tag {self.tag}) from {source}"
 
-    def _ready(self, peer) -> bool:
-        lines, _ = self.p2p.arena.channel(peer, self.p2p.me)
-        return reached(_sync.load_step(lines, 0), self.p2p.received[peer] + 1)
-
-    def advance(self) -> bool:
+    def advance(self, slice_ns: int = 0, budgets=None) -> bool:
         p2p = self.p2p
+        channels = p2p.channels
         if self.peer is None:  # any source: the first peer with a message waiting
             for peer in range(p2p.size):
-                if peer != p2p.me and self._ready(peer):
+                if peer != p2p.me and channels.ready(peer):
                     self.peer = peer
                     break
             else:
                 return False
-        peer = self.peer
-        lines, data = p2p.arena.channel(peer, p2p.me)
-        moved = False
-        while not self.done and self._ready(peer):
-            chunk = p2p.received[peer]
-            half = data + (chunk & 1) * p2p.half_bytes
-            tag, total, offset, n, address = p2p.read_header(half)
-            if tag != self.tag or total != self.nbytes or offset != self.offset:
-                raise ShmcollError(
-                    f"rank {p2p.ranks[p2p.me]} expected a message of {self.nbytes} bytes with tag {self.tag} from "
-                    f"rank {p2p.ranks[peer]} but the next one sent has {total} bytes and tag {tag}; messages "
-                    f"between two ranks are delivered in the order sent")
-            if n == DIRECT:
-                self._read(peer, address)
-                n = total
-            else:
-                copy(self.addr + self.offset, half + HEADER_BYTES, n)
-            self._passed(p2p.received, lines, 1, chunk, n)
-            moved = True
-        return moved
+        before = self.chunks
+        spin_ns, yield_ns = (budgets.spin_ns, budgets.yield_ns) if budgets else (0, 0)
+        taken = channels.recv(self.peer, self.addr, self.nbytes, self.tag, before, slice_ns, spin_ns, yield_ns)
+        if taken == _p2p.DIRECT_CHUNK:
+            self._read(self.peer, channels.next_header(self.peer)[4])
+            channels.take(self.peer)
+            taken = channels.chunks(self.nbytes)
+        elif taken == _p2p.MISMATCH:
+            tag, total = channels.next_header(self.peer)[:2]
+            raise ShmcollError(
+                f"rank {p2p.ranks[p2p.me]} expected a message of {self.nbytes} bytes with tag {self.tag} from "
+                f"rank {p2p.ranks[self.peer]} but the next one sent has {total} bytes and tag {tag}; messages "
+                f"between two ranks are delivered in the order sent")
+        self.chunks = taken
+        self.done = taken >= channels.chunks(self.nbytes)
+        return taken > before
 
     def _read(self, peer: int, address: int) -> None:
         """The whole message from the sender's buffer at ``address`` (a direct send)."""
@@ -166,42 +152,65 @@ class Recv(_Transfer):
     def wait_target(self):
         if self.peer is None:
             return None
-        lines, _ = self.p2p.arena.channel(self.peer, self.p2p.me)
-        return lines, 0, (self.p2p.received[self.peer] + 1) & STEP_MASK
+        return self.p2p.channels.recv_target(self.peer)
+
+
+class TransferWork(AsyncWork):
+    """A transfer's Work. One whose thread was not woken (``PointToPoint.start``) wakes it before anything but
+    a plain ``wait()`` (which progresses the transfer itself): a wait with a timeout, a poll, a future."""
+
+    def __init__(self, result, describe: str, p2p: PointToPoint, woken: bool):
+        super().__init__(result, describe, p2p)
+        self._woken = woken
+
+    def _wake(self) -> None:
+        if not self._woken:
+            self._woken = True
+            self._engine.wake()
+
+    def wait(self, timeout=None) -> bool:
+        if timeout and timeout.total_seconds() > 0:
+            self._wake()
+        return super().wait(timeout)
+
+    def is_completed(self) -> bool:
+        self._wake()
+        return super().is_completed()
+
+    def is_success(self) -> bool:
+        self._wake()
+        return super().is_success()
+
+    def exception(self):
+        self._wake()
+        return super().exception()
+
+    def get_future(self):
+        self._wake()
+        return super().get_future()
 
 
 class PointToPoint:
     """One group's channels on this rank, and the thread that progresses pending transfers."""
 
-    def __init__(self, arena, name: str, direct_from: int | None = None):
+    def __init__(self, arena, name: str, direct_from: int | None = None, budgets=None):
         self.arena = arena
         self.direct_from = direct_from  # the least message read from the sender's buffer (None: none)
         self.me = arena.local_rank
         self.size = arena.local_size
         self.ranks = arena.ranks
-        self.half_bytes = arena.p2p_bytes // 2
-        self.payload = self.half_bytes - HEADER_BYTES
-        self.sent = [0] * self.size  # chunks this rank posted on its channel to each peer
-        self.received = [0] * self.size  # chunks this rank consumed from each peer
-        self._words = np.frombuffer(arena.segment, dtype=np.int64)
-        self._base = arena.segment.address
+        self.channels = _p2p.Channels(arena.channel_lines, arena.channel_data, arena.p2p_bytes, self.me, self.size)
+        self._budgets = budgets or arena.budgets  # of a caller's waits (the thread's: the arena's at the time)
         self._name = name
-        self._cv = threading.Condition()
-        self._pending: list[tuple[_Transfer, AsyncWork]] = []
+        lock = threading.Lock()
+        self._cv = threading.Condition(lock)  # whoever waits for a moving transfer's slice to end
+        self._idle = threading.Condition(lock)  # the thread, while it has nothing to do or helpers do it
+        self._pending: list[tuple[_Transfer, TransferWork]] = []
         self._thread: threading.Thread | None = None
+        self._helpers = 0  # callers progressing transfers in ``help``: the thread sleeps meanwhile
+        self._moving = False  # a thread moves a transfer without the lock (``_move_alone``): nobody else may
         self._closed = False
         self._watch = arena.watch  # the arena's wait checks: liveness, timeout, abort (shmcoll.waits)
-
-    # -- headers ---------------------------------------------------------------
-
-    def write_header(self, half: int, tag: int, total: int, offset: int, n: int, address: int = 0) -> None:
-        """``n``: the chunk's bytes, or DIRECT with the ``address`` of the sender's whole message."""
-        i = (half - self._base) // 8
-        self._words[i:i + 5] = (tag, total, offset, n, address)
-
-    def read_header(self, half: int):
-        i = (half - self._base) // 8
-        return (int(x) for x in self._words[i:i + 5])
 
     # -- issuing ---------------------------------------------------------------
 
@@ -214,21 +223,33 @@ class PointToPoint:
                 transfer.advance()
                 if transfer.done:
                     return CompletedWork(transfer.result, self._source(transfer))
-            work = AsyncWork(transfer.result, transfer.describe())
+            # A receive whose sender posts every chunk without it waits for its caller; the rest need the thread.
+            woken = not (transfer.kind == "recv" and self.channels.chunks(transfer.nbytes) <= 2)
+            work = TransferWork(transfer.result, transfer.describe(), self, woken)
             self._pending.append((transfer, work))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=f"shmcoll-p2p-{self._name}", daemon=True)
-                self._thread.start()
-            self._cv.notify_all()
+            if woken:
+                self._wake()
         return work
+
+    def wake(self) -> None:
+        """Have the thread progress what is pending (a Work that left it asleep is asked for more than wait())."""
+        with self._cv:
+            if not self._closed:
+                self._wake()
+
+    def _wake(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"shmcoll-p2p-{self._name}", daemon=True)
+            self._thread.start()
+        self._idle.notify()
 
     def _source(self, transfer) -> int:
         return self.ranks[transfer.peer] if transfer.kind == "recv" else -1
 
-    # -- progress thread -------------------------------------------------------
+    # -- progress --------------------------------------------------------------
 
     def _advance_all(self) -> bool:
-        """One pass over pending transfers, FIFO per channel; True if any moved."""
+        """One pass over pending transfers, FIFO per channel; True if any moved (the lock held)."""
         moved = False
         blocked: set = set()
         any_recv_blocked = False
@@ -269,27 +290,113 @@ class PointToPoint:
         transfer.warn_after = self._watch.check(peers, idle, transfer.describe(),
                                                 transfer.warn_after or self._watch.first_warning())
 
+    def _alone(self):
+        """The one pending transfer, where one thread may move it without the lock (its peer known, nobody
+        moving already), marked as moved; else None. The lock held."""
+        if len(self._pending) != 1 or self._moving:
+            return None
+        transfer, work = self._pending[0]
+        if transfer.peer is None:
+            return None
+        self._moving = True
+        return transfer, work
+
+    def _move_alone(self, transfer, work, budgets) -> None:
+        """Move ``transfer`` (``_alone``'s) for one slice in C, the lock not held: a caller that waits for it,
+        or the thread streaming it, pays one call per slice instead of one pass per chunk. Meanwhile
+        ``start`` only queues (something is pending), and nobody else advances or unmaps (``_moving``)."""
+        error = None
+        try:
+            moved = transfer.advance(MOVE_SLICE_NS, budgets)
+        except BaseException as exc:
+            moved, error = False, exc
+        with self._cv:
+            self._moving = False
+            if self._pending and self._pending[0][1] is work:  # else close() failed it meanwhile
+                if error is None:
+                    if moved:
+                        transfer.last_progress = time.monotonic()
+                    try:
+                        self._check_stalled(transfer)
+                    except BaseException as exc:
+                        error = exc
+                if error is not None or transfer.done:
+                    del self._pending[0]
+                    work.finish(error, None if error is not None else self._source(transfer))
+            self._cv.notify_all()  # helpers and close() wait while a transfer moves
+
+    def _single_target(self):
+        """The word the one pending transfer waits for (the lock held), or None."""
+        return self._pending[0][0].wait_target() if len(self._pending) == 1 else None
+
+    def _wait_for_peers(self, single, idle_passes: int) -> None:
+        """Between passes that moved nothing (no lock held): sleep on ``single`` (spin, yield, futex; one slice
+        at most), else back off."""
+        if single is not None:
+            lines, index, target = single
+            budgets = self.arena.budgets
+            _sync.wait_rank(lines, index, target, budgets.spin_ns, budgets.yield_ns, MOVE_SLICE_NS)
+        else:
+            time.sleep(0 if idle_passes < 50 else min(1e-3, 1e-5 * idle_passes))
+
     def _loop(self) -> None:
         idle_passes = 0
         while True:
             with self._cv:
-                while not self._pending:
+                while not self._pending or self._helpers or self._moving:
                     if self._closed:
                         return
-                    self._cv.wait()
+                    self._idle.wait()
                     idle_passes = 0
-                moved = self._advance_all()
-                single = self._pending[0][0].wait_target() if len(self._pending) == 1 else None
+                alone = self._alone()
+                if alone is None:
+                    moved = self._advance_all()
+                    single = self._single_target()
+            if alone is not None:
+                self._move_alone(*alone, self.arena.budgets)
+                continue
             if moved:
                 idle_passes = 0
-            elif single is not None:
-                # One transfer waiting on one word: sleep on it (spin, yield, futex), 1 ms at most.
-                lines, index, target = single
-                _sync.wait_rank(lines, index, target, self.arena.budgets.spin_ns, self.arena.budgets.yield_ns,
-                                1_000_000)
             else:
                 idle_passes += 1
-                time.sleep(0 if idle_passes < 50 else min(1e-3, 1e-5 * idle_passes))
+                self._wait_for_peers(single, idle_passes)
+
+    def help(self, work: TransferWork) -> None:
+        """Progress the pending transfers on this thread until ``work`` is done, the thread standing aside: the
+        one pending alone in C, several in the thread's passes (so order, stall checks and errors are the
+        thread's)."""
+        if threading.current_thread() is self._thread:
+            return
+        with self._cv:
+            self._helpers += 1
+        try:
+            idle_passes = 0
+            while not work._done.is_set():
+                with self._cv:
+                    if self._closed:
+                        return  # close() finished every pending work
+                    if self._moving:
+                        self._cv.wait()  # until the slice of whoever moves a transfer ends
+                        continue
+                    alone = self._alone()
+                    if alone is None:
+                        moved = self._advance_all()
+                        single = self._single_target()
+                if alone is not None:
+                    self._move_alone(*alone, self._budgets)
+                    continue
+                if work._done.is_set():
+                    return
+                if moved:
+                    idle_passes = 0
+                else:
+                    idle_passes += 1
+                    self._wait_for_peers(single, idle_passes)
+        finally:
+            with self._cv:
+                self._helpers -= 1
+                if not self._helpers and self._pending and self._thread is not None:
+                    self._idle.notify()  # what is left is the thread's again
 
     def close(self) -> None:
         with self._cv:
@@ -297,8 +404,9 @@ class PointToPoint:
             for _, work in self._pending:
                 work.finish(ShmcollError(f"{self._name}: process group shut down with this transfer pending"))
             self._pending = []
-            self._cv.notify_all()
+            self._idle.notify()
+            while self._moving:  # a transfer in C reads the arena, which is unmapped after this
+                self._cv.wait()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-        self._words = None

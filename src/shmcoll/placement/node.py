@@ -119,7 +119,8 @@ class OneNode(OnArena):
         if self.single_copy_spans:  # the same verdict and settings on every rank of the node
             arena.enable_single_copy()
         direct = self.single_copy_spans.get("point_to_point")  # a sender decides; its receiver follows
-        self.p2p = PointToPoint(arena, f"rank{rank}", direct_from=direct[0] if direct else None)
+        self.p2p = PointToPoint(arena, f"rank{rank}", direct_from=direct[0] if direct else None,
+                                budgets=waits.inline)
         # The messages that run on the caller's thread in one C schedule call on one lane: the all-reduces of
         # one one-shot step, and the broadcasts, all-gathers and reduce-scatters (per block) of the copy path
         # below single copy's span; what the group's compiled small collectives take (_schedules.SmallCollectives).
