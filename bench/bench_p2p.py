@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Point-to-point messages between pairs of ranks: shm against Gloo, interleaved.
+
+    .venv/bin/torchrun --nproc_per_node=2 bench/bench_p2p.py [--sizes 8,4K,256K,1M,16M] [--json PATH]
+
+Ranks pair up (0-1, 2-3, ...; an odd last rank sits out). At each size, float32, on shm (the default
+group) and on a Gloo group over the same ranks, in turn:
+
+  pingpong    dist.send then dist.recv on one side, dist.recv then dist.send on the other: half the round
+              trip, what a message costs when the receiver waits for it (pipeline stages, handshakes)
+  ipingpong   the same with isend / irecv and wait() on each
+  stream      one side sends, the other receives, message after message: the time per message, and the
+              GB/s one message after another moves (the channel's bandwidth)
+
+us per message: the slowest rank's best of --rounds rounds (a round: --iters-time seconds of calls after a
+barrier), and Gloo's time over shm's. Every message's contents are checked once per form.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from shmcoll.bench import timing
+from shmcoll.bench.sweep import Ctrl, parse_bytes
+
+FORMS = ("pingpong", "ipingpong", "stream")
+
+
+def calls(nbytes: int, group, rank: int, world: int):
+    """{form: one call of it on this rank}, and a check of what this rank last received."""
+    peer = rank ^ 1 if (rank ^ 1) < world else None
+    count = nbytes // 4
+    mine = torch.arange(count, dtype=torch.float32) + 1000 * rank
+    got = torch.empty(count, dtype=torch.float32)
+    first = rank % 2 == 0
+
+    def pingpong():
+        if first:
+            dist.send(mine, peer, group=group)
+            dist.recv(got, peer, group=group)
+        else:
+            dist.recv(got, peer, group=group)
+            dist.send(mine, peer, group=group)
+
+    def ipingpong():
+        if first:
+            dist.isend(mine, peer, group=group).wait()
+            dist.irecv(got, peer, group=group).wait()
+        else:
+            dist.irecv(got, peer, group=group).wait()
+            dist.isend(mine, peer, group=group).wait()
+
+    def stream():
+        if first:
+            dist.send(mine, peer, group=group)
+        else:
+            dist.recv(got, peer, group=group)
+
+    def idle():
+        pass
+
+    def check(form: str) -> bool:
+        if peer is None or (form == "stream" and first):
+            return True
+        return torch.equal(got, torch.arange(count, dtype=torch.float32) + 1000 * peer)
+
+    forms = {"pingpong": pingpong, "ipingpong": ipingpong, "stream": stream}
+    return {form: (fn if peer is not None else idle) for form, fn in forms.items()}, check
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="8,4K,64K,256K,1M,16M")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--iters-time", type=float, default=0.1, help="seconds of calls per round")
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dist.init_process_group("shm")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world < 2:
+        raise SystemExit("bench_p2p.py needs at least 2 ranks")
+    groups = {"shm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    ctrl_group = dist.new_group(backend="gloo")
+    ctrl = Ctrl(ctrl_group)
+    rows = []
+    for nbytes in map(parse_bytes, args.sizes.split(",")):
+        row = {"bytes": nbytes, "us": {}}
+        for form in FORMS:
+            for backend, group in groups.items():
+                forms, check = calls(nbytes, group, rank, world)
+                fn = forms[form]
+                fn()
+                if not ctrl.max([0.0 if check(form) else 1.0])[0] == 0.0:
+                    raise SystemExit(f"{form} of {nbytes} bytes on {backend} delivered wrong data")
+                iters = timing.calibrate(fn, ctrl, args.iters_time, warmup=10)
+                per_call = min(timing.timed_round(fn, ctrl, iters) for _ in range(args.rounds))
+                # a ping-pong call is a round trip: two messages
+                row["us"][f"{backend}/{form}"] = per_call * 1e6 / (2 if form != "stream" else 1)
+        worst = torch.tensor(list(row["us"].values()), dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=ctrl_group)
+        row["us"] = dict(zip(row["us"], worst.tolist()))
+        rows.append(row)
+    if rank == 0:
+        print(f"{world} ranks in pairs, {len(os.sched_getaffinity(0))} usable CPUs, torch {torch.__version__}; "
+              f"float32, us per message (slowest rank, best of {args.rounds} rounds); Gloo over shm\n")
+        print("| bytes | " + " | ".join(f"{form}: shm / Gloo" for form in FORMS) + " | stream GB/s: shm / Gloo |")
+        print("|---:|" + "---|" * (len(FORMS) + 1))
+        for row in rows:
+            us = row["us"]
+            cells = [f"{us[f'shm/{form}']:.1f} / {us[f'gloo/{form}']:.1f} ({us[f'gloo/{form}'] / us[f'shm/{form}']:.2f}x)"
+                     for form in FORMS]
+            rates = [row["bytes"] / us[f"{b}/stream"] / 1e3 for b in groups]
+            print(f"| {row['bytes']} | " + " | ".join(cells) + f" | {rates[0]:.2f} / {rates[1]:.2f} |")
+        if args.json:
+            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump({"bench": "p2p", "config": vars(args), "world_size": world, "torch": torch.__version__,
+                           "rows": rows}, f, indent=1)
+    dist.barrier(group=ctrl_group)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
