@@ -5,7 +5,10 @@
 #   bash bench/threads.sh                  # uses .venv if there is one, else the python on PATH
 #   BASE=../other-checkout bash bench/threads.sh   # also that build of shmcoll (built in place), same run
 #
-# Parts, in order of importance (PARTS picks some; default all), results under results/threads/:
+# Parts, in order of importance, results under results/threads/. The default PARTS, "sweep base ddp peers", is
+# everything issue 41's acceptance measures, in one device call (under its 10 minutes at 2x8 and 4x4); the other
+# parts answer the questions after it, in a second call: PARTS="single pinned split oneshot nodes" (PARTS=all:
+# every part, in this order):
 #   sweep    per layout RANKS x THREADS in LAYOUTS (default "2x8 4x4"; "2x1 4x1" on 2 cores): the interleaved
 #            shm-vs-Gloo sweep of all_reduce, all_gather_into_tensor, reduce_scatter_tensor and broadcast,
 #            64 KiB-64 MiB, float32 and bfloat16, that many torch threads per rank, and the copy ceiling
@@ -35,7 +38,8 @@ DDP_LAYOUTS=${DDP_LAYOUTS:-$LAYOUTS}
 PEER_LAYOUTS=${PEER_LAYOUTS:-${LAYOUTS%% *}}
 ONESHOT_LAYOUTS=${ONESHOT_LAYOUTS:-"8x2 16x1"}
 NODE_LAYOUT=${NODE_LAYOUT:-2x4}
-PARTS=${PARTS:-"sweep base ddp peers split oneshot single pinned nodes"}
+PARTS=${PARTS:-"sweep base ddp peers"}
+[ "$PARTS" = all ] && PARTS="sweep base ddp peers split oneshot single pinned nodes"
 OUT=${RESULTS:-results/threads}
 mkdir -p "$OUT"
 first=${LAYOUTS%% *}
