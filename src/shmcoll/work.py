@@ -57,6 +57,40 @@ class CompletedWork(dist.Work):
         return future
 
 
+class _Finished:
+    """``threading.Event``'s ``is_set``, ``set`` and ``wait`` for a Work's completion, set once: the Event (2 us to
+    make, more to set) is made only by a waiter that must block, where most waits find the work done or run it
+    themselves (``ProgressEngine.help``, ``PointToPoint.help``)."""
+
+    __slots__ = ("_set", "_event", "_lock")
+
+    def __init__(self):
+        self._set = False
+        self._event: threading.Event | None = None
+        self._lock = threading.Lock()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        with self._lock:
+            if self._set:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+
 class AsyncWork(dist.Work):
     """A collective queued on the progress thread; completes its future there."""
 
@@ -65,7 +99,7 @@ class AsyncWork(dist.Work):
         self._result = result
         self._describe = describe
         self._engine = engine  # whose queue it waits in (None: finished when made)
-        self._done = threading.Event()
+        self._done = _Finished()
         self._error: BaseException | None = None
         # The future c10 sees is completed through then(): where the collective failed, the callback
         # raises, and that completes the future with an *error* the way c10 futures carry one (value()
