@@ -14,7 +14,8 @@ last, so a transfer's progress is a count of its chunks. A chunk of DIRECT bytes
 address of the sender's whole message, which the receiver reads itself (``shmcoll.single_copy``).
 
 ``send`` and ``recv`` move as many chunks as the channel allows, then wait for it up to ``slice_ns`` (0: not
-at all) with the given budgets (spin, sched_yield, futex; lines.pxi), so a caller that waits for one transfer
+at all) with the given budgets (spin, sched_yield, futex, and ``yield_company``; lines.pxi), so a caller that
+waits for one transfer
 makes one call per slice instead of one pass per chunk.
 """
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
@@ -43,15 +44,17 @@ cdef inline Py_ssize_t _chunks(Py_ssize_t nbytes, Py_ssize_t payload) noexcept n
 cdef class Channels:
     """This rank's ends of its node's channels, and the count of chunks it posted to and took from each peer."""
 
-    cdef uintptr_t lines, data
+    cdef uintptr_t lines, data, rank_lines
     cdef Py_ssize_t p2p_bytes
     cdef readonly Py_ssize_t half_bytes, payload
     cdef readonly int me, size
     cdef uint32_t *posted  # per peer: chunks posted on the channel to it
     cdef uint32_t *taken  # per peer: chunks taken from the channel from it
 
-    def __cinit__(self, uintptr_t lines, uintptr_t data, Py_ssize_t p2p_bytes, int me, int size):
+    def __cinit__(self, uintptr_t lines, uintptr_t data, Py_ssize_t p2p_bytes, int me, int size,
+                  uintptr_t rank_lines):
         self.lines, self.data, self.p2p_bytes, self.me, self.size = lines, data, p2p_bytes, me, size
+        self.rank_lines = rank_lines  # the ranks' own control lines, where a wait records its CPU
         self.half_bytes = p2p_bytes // 2
         self.payload = self.half_bytes - _HEADER
         self.posted = <uint32_t *>calloc(size, sizeof(uint32_t))
@@ -71,13 +74,17 @@ cdef class Channels:
                            + (chunk & 1) * self.half_bytes)
 
     cdef inline bint _wait(self, uintptr_t lines, int line, uint32_t target, int64_t end, int64_t spin_ns,
-                           int64_t yield_ns) noexcept nogil:
-        """Whether ``line`` reached ``target`` before ``end`` (ns; 0: do not wait)."""
+                           int64_t yield_ns, int yield_company) noexcept nogil:
+        """Whether ``line`` reached ``target`` before ``end`` (ns; 0: do not wait). ``yield_company`` as for
+        the collectives' waits (lines.pxi, ``_wait_ranks``), through the ranks' own lines."""
         cdef int64_t now
         if arch.shmcoll_reached(arch.shmcoll_load_acquire_u32(_step_word(lines, line)), target):
             return True
         if end == 0:
             return False
+        if yield_company > 0 and yield_ns > 0 and not _record_cpu_find_company(self.rank_lines, yield_company,
+                                                                                  self.me):
+            yield_ns = 0
         now = arch.shmcoll_now_ns()
         return now < end and _wait_ranks(lines, line, line + 1, -1, target, spin_ns, yield_ns, end - now, 0) < 0
 
@@ -88,15 +95,15 @@ cdef class Channels:
     # -- the sender ------------------------------------------------------------
 
     def send(self, int peer, uintptr_t addr, Py_ssize_t nbytes, int64_t tag, Py_ssize_t done, int64_t slice_ns,
-             int64_t spin_ns, int64_t yield_ns) -> int:
+             int64_t spin_ns, int64_t yield_ns, int yield_company=0) -> int:
         """Post the chunks of a message of ``nbytes`` at ``addr`` to ``peer`` from its chunk ``done`` on, as far
         as the channel's halves are free, waiting for them up to ``slice_ns``: the message's chunks posted."""
         with nogil:
-            done = self._send(peer, <char *>addr, nbytes, tag, done, slice_ns, spin_ns, yield_ns)
+            done = self._send(peer, <char *>addr, nbytes, tag, done, slice_ns, spin_ns, yield_ns, yield_company)
         return done
 
     cdef Py_ssize_t _send(self, int peer, char *addr, Py_ssize_t nbytes, int64_t tag, Py_ssize_t done,
-                          int64_t slice_ns, int64_t spin_ns, int64_t yield_ns) noexcept nogil:
+                          int64_t slice_ns, int64_t spin_ns, int64_t yield_ns, int yield_company) noexcept nogil:
         cdef uintptr_t lines = self._lines(self.me, peer)
         cdef Py_ssize_t total = _chunks(nbytes, self.payload), offset, n
         cdef int64_t end = arch.shmcoll_now_ns() + slice_ns if slice_ns > 0 else 0
@@ -104,7 +111,7 @@ cdef class Channels:
         cdef uint32_t chunk
         while done < total:
             chunk = self.posted[peer]
-            if not self._wait(lines, 1, chunk - 1, end, spin_ns, yield_ns):
+            if not self._wait(lines, 1, chunk - 1, end, spin_ns, yield_ns, yield_company):
                 break  # the half still holds chunk - 2, not yet taken
             half = self._half(self.me, peer, chunk)
             offset = done * self.payload
@@ -122,7 +129,7 @@ cdef class Channels:
         cdef uintptr_t lines = self._lines(self.me, peer)
         cdef uint32_t chunk = self.posted[peer]
         cdef int64_t *half
-        if not self._wait(lines, 1, chunk - 1, 0, 0, 0):
+        if not self._wait(lines, 1, chunk - 1, 0, 0, 0, 0):
             return -1
         half = self._half(self.me, peer, chunk)
         half[0], half[1], half[2], half[3], half[4] = tag, nbytes, 0, _DIRECT, <int64_t>addr
@@ -142,16 +149,16 @@ cdef class Channels:
     # -- the receiver ----------------------------------------------------------
 
     def recv(self, int peer, uintptr_t addr, Py_ssize_t nbytes, int64_t tag, Py_ssize_t done, int64_t slice_ns,
-             int64_t spin_ns, int64_t yield_ns) -> int:
+             int64_t spin_ns, int64_t yield_ns, int yield_company=0) -> int:
         """Take the chunks of a message of ``nbytes`` with ``tag`` from ``peer`` into ``addr`` from its chunk
         ``done`` on, as far as they have come, waiting for them up to ``slice_ns``: the message's chunks taken;
         MISMATCH where the next chunk is another message's, DIRECT_CHUNK where it gives an address."""
         with nogil:
-            done = self._recv(peer, <char *>addr, nbytes, tag, done, slice_ns, spin_ns, yield_ns)
+            done = self._recv(peer, <char *>addr, nbytes, tag, done, slice_ns, spin_ns, yield_ns, yield_company)
         return done
 
     cdef Py_ssize_t _recv(self, int peer, char *addr, Py_ssize_t nbytes, int64_t tag, Py_ssize_t done,
-                          int64_t slice_ns, int64_t spin_ns, int64_t yield_ns) noexcept nogil:
+                          int64_t slice_ns, int64_t spin_ns, int64_t yield_ns, int yield_company) noexcept nogil:
         cdef uintptr_t lines = self._lines(peer, self.me)
         cdef Py_ssize_t total = _chunks(nbytes, self.payload), offset, n
         cdef int64_t end = arch.shmcoll_now_ns() + slice_ns if slice_ns > 0 else 0
@@ -159,7 +166,7 @@ cdef class Channels:
         cdef uint32_t chunk
         while done < total:
             chunk = self.taken[peer]
-            if not self._wait(lines, 0, chunk + 1, end, spin_ns, yield_ns):
+            if not self._wait(lines, 0, chunk + 1, end, spin_ns, yield_ns, yield_company):
                 break
             half = self._half(peer, self.me, chunk)
             offset = done * self.payload

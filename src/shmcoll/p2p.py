@@ -44,6 +44,11 @@ from shmcoll.work import AsyncWork, CompletedWork
 MOVE_SLICE_NS = 1_000_000
 
 
+def _waits(budgets, local_size: int) -> tuple:
+    """A C move's (spin_ns, yield_ns, yield_company) from ``budgets`` (None: a move that does not wait)."""
+    return (budgets.spin_ns, budgets.yield_ns, budgets.company(local_size)) if budgets else (0, 0, 0)
+
+
 class _Transfer:
     """State shared by sends and receives: where the bytes are and how far they got."""
 
@@ -92,8 +97,8 @@ class Send(_Transfer):
             self.read_by = read_by  # not done: the receiver reads it all
             return True
         before = self.chunks
-        spin_ns, yield_ns = (budgets.spin_ns, budgets.yield_ns) if budgets else (0, 0)
-        self.chunks = channels.send(self.peer, self.addr, self.nbytes, self.tag, before, slice_ns, spin_ns, yield_ns)
+        self.chunks = channels.send(self.peer, self.addr, self.nbytes, self.tag, before, slice_ns,
+                                    *_waits(budgets, self.p2p.size))
         self.done = self.chunks >= channels.chunks(self.nbytes)
         return self.chunks > before
 
@@ -125,8 +130,8 @@ class Recv(_Transfer):
             else:
                 return False
         before = self.chunks
-        spin_ns, yield_ns = (budgets.spin_ns, budgets.yield_ns) if budgets else (0, 0)
-        taken = channels.recv(self.peer, self.addr, self.nbytes, self.tag, before, slice_ns, spin_ns, yield_ns)
+        taken = channels.recv(self.peer, self.addr, self.nbytes, self.tag, before, slice_ns,
+                              *_waits(budgets, p2p.size))
         if taken == _p2p.DIRECT_CHUNK:
             self._read(self.peer, channels.next_header(self.peer)[4])
             channels.take(self.peer)
@@ -199,7 +204,8 @@ class PointToPoint:
         self.me = arena.local_rank
         self.size = arena.local_size
         self.ranks = arena.ranks
-        self.channels = _p2p.Channels(arena.channel_lines, arena.channel_data, arena.p2p_bytes, self.me, self.size)
+        self.channels = _p2p.Channels(arena.channel_lines, arena.channel_data, arena.p2p_bytes, self.me, self.size,
+                                      arena.lines)
         self._budgets = budgets or arena.budgets  # of a caller's waits (the thread's: the arena's at the time)
         self._name = name
         lock = threading.Lock()

@@ -19,9 +19,11 @@ def pair():
     """Rank 0's and rank 1's Channels over one arena's channel lines and data (2 local ranks)."""
     lines = np.zeros(4 * 2 * LINE // 8, dtype=np.int64)
     data = np.zeros(4 * P2P_BYTES // 8, dtype=np.int64)
-    ends = [_p2p.Channels(lines.ctypes.data, data.ctypes.data, P2P_BYTES, me, 2) for me in (0, 1)]
+    rank_lines = np.zeros(2 * LINE // 8, dtype=np.int64)
+    ends = [_p2p.Channels(lines.ctypes.data, data.ctypes.data, P2P_BYTES, me, 2, rank_lines.ctypes.data)
+            for me in (0, 1)]
     yield ends
-    del lines, data
+    del lines, data, rank_lines
 
 
 def _message(nbytes: int, seed: int) -> np.ndarray:
