@@ -202,3 +202,93 @@ cdef class Channels:
     def recv_target(self, int peer):
         """(lines, line, step) a receive from ``peer`` waits for."""
         return self._lines(peer, self.me), 0, <uint32_t>(self.taken[peer] + 1)
+
+
+cdef class SmallTransfers:
+    """The group's ``send`` and ``recv`` of one node run here, where a call is one plain contiguous CPU tensor
+    whose message moves whole at once (a send the channel's free halves hold, a receive whose every chunk has
+    come) while nothing else is pending, no profiler is on and the group is usable; else None, and the
+    Python path (``shmcoll.p2p``) queues it, checks it or raises. It moves under the p2p engine's lock, as
+    ``PointToPoint.start`` does, and makes the same Work (``completed(result, source)``)."""
+
+    cdef Channels channels
+    cdef object group, engine, lock, tensor_type, strided, profiling, completed
+    cdef readonly Py_ssize_t taken  # calls this path ran (tests check which path ran)
+
+    def __init__(self, group, engine, Channels channels, lock, tensor_type, strided, profiling, completed):
+        self.group = group  # its _error: the error that made it unusable
+        self.engine = engine  # the PointToPoint: its _pending and _closed, read under ``lock``
+        self.channels = channels
+        self.lock = lock
+        self.tensor_type = tensor_type
+        self.strided = strided
+        self.profiling = profiling  # whether a profiler is on: the Python path records the event
+        self.completed = completed
+
+    cdef inline bint _plain(self, tensor):
+        return (type(tensor) is self.tensor_type and tensor.is_cpu and tensor.layout is self.strided
+                and tensor.is_contiguous())
+
+    cdef object _tensor(self, tensors, peer, tag):
+        """The call's one tensor, where this path may take it; else None."""
+        if type(tensors) is not list or len(<list>tensors) != 1 or type(peer) is not int or type(tag) is not int:
+            return None
+        tensor = (<list>tensors)[0]
+        if not self._plain(tensor) or peer < 0 or peer >= self.channels.size or peer == self.channels.me:
+            return None
+        if self.group._error is not None or self.profiling():
+            return None
+        return tensor
+
+    def send(self, tensors, dst, tag):
+        """``group.send(tensors, dst, tag)`` finished at once, or None."""
+        tensor = self._tensor(tensors, dst, tag)
+        if tensor is None:
+            return None
+        cdef Channels channels = self.channels
+        cdef int peer = dst
+        cdef Py_ssize_t nbytes = tensor.nbytes, total = _chunks(nbytes, channels.payload)
+        cdef uintptr_t addr = tensor.data_ptr()
+        cdef int64_t tag_value = tag
+        cdef uintptr_t lines = channels._lines(channels.me, peer)
+        self.lock.acquire()  # held briefly by the others: never across a wait
+        try:
+            engine = self.engine
+            # every chunk's half free: the receiver has taken all the channel's chunks but the last 2 - total
+            if (engine._pending or engine._closed or total > 2 or not arch.shmcoll_reached(
+                    arch.shmcoll_load_acquire_u32(_step_word(lines, 1)), channels.posted[peer] + total - 2)):
+                return None
+            with nogil:
+                channels._send(peer, <char *>addr, nbytes, tag_value, 0, 0, 0, 0, 0)
+        finally:
+            self.lock.release()
+        self.taken += 1
+        return self.completed(tensors, -1)
+
+    def recv(self, tensors, src, tag):
+        """``group.recv(tensors, src, tag)`` finished at once, or None (also where the next message is another
+        one, or given by address: the Python path raises, or reads it)."""
+        tensor = self._tensor(tensors, src, tag)
+        if tensor is None:
+            return None
+        cdef Channels channels = self.channels
+        cdef int peer = src
+        cdef Py_ssize_t nbytes = tensor.nbytes, total = _chunks(nbytes, channels.payload), got
+        cdef uintptr_t addr = tensor.data_ptr()
+        cdef int64_t tag_value = tag
+        cdef uintptr_t lines = channels._lines(peer, channels.me)
+        self.lock.acquire()  # held briefly by the others: never across a wait
+        try:
+            engine = self.engine
+            # every chunk has come; a mismatch or an address is found at the first, before anything is taken
+            if (engine._pending or engine._closed or not arch.shmcoll_reached(
+                    arch.shmcoll_load_acquire_u32(_step_word(lines, 0)), channels.taken[peer] + total)):
+                return None
+            with nogil:
+                got = channels._recv(peer, <char *>addr, nbytes, tag_value, 0, 0, 0, 0, 0)
+        finally:
+            self.lock.release()
+        if got != total:
+            return None
+        self.taken += 1
+        return self.completed(tensors, self.engine.ranks[peer])

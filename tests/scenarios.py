@@ -592,6 +592,38 @@ def point_to_point(cases):
 
     cases.run("p2p/send_recv_object_list", object_lists)
 
+    def compiled_path():
+        """A message that moves whole at once goes from the group's method to the channel in one compiled call
+        (_p2p.SmallTransfers) on both sides, with the same Work; one that must wait goes the Python way."""
+        small = dist.distributed_c10d._get_default_group()._small_transfers
+        before = small.taken
+        message = _data("compiled", 0, torch.float32, 33)
+        got = torch.zeros(33)
+        work = None
+        dist.all_reduce(torch.zeros(1))  # every earlier message received: the channel's halves are free
+        if rank == 0:
+            work = dist.isend(message, 1, tag=4)
+        dist.all_reduce(torch.zeros(1))  # the message is in the channel before rank 1 receives it
+        if rank == 1:
+            work = dist.irecv(got, 0, tag=4)
+        if work is not None:
+            assert work.is_completed() and work.wait(), work
+        if rank == 1:
+            _equal(got, message, "a receive through the compiled path")
+            assert work._source_rank() == 0, work._source_rank()
+        assert small.taken == before + (rank < 2), (small.taken, before)
+        if rank == 1:  # posted before its message: the Python way, which waits for it
+            work = dist.irecv(got, 0, tag=6)
+        dist.all_reduce(torch.zeros(1))
+        if rank == 0:
+            dist.send(message + 1, 1, tag=6)  # taken
+        elif rank == 1:
+            work.wait()
+            _equal(got, message + 1, "a receive that waited")
+        assert small.taken == before + 2 * (rank == 0) + (rank == 1), (small.taken, before)
+
+    cases.run("p2p/compiled_path", compiled_path)
+
     def receive_waited_otherwise():
         """A small receive posted before its message waits in the channel for its caller's wait() without
         waking the p2p thread (p2p.TransferWork); asked anything else, it must still complete: polled with

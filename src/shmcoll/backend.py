@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from shmcoll import (_schedules, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops, placement,
+from shmcoll import (_p2p, _schedules, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops, placement,
                      profiling, sparse)
 from shmcoll._env import read_settings
 from shmcoll._logging import configure as _configure_logging
@@ -34,7 +34,7 @@ from shmcoll.algorithms import allreduce as allreduce_algorithm
 from shmcoll.algorithms import barrier as barrier_algorithm
 from shmcoll.algorithms import schedule as schedule_driver
 from shmcoll.errors import AbortedError, ShmcollError
-from shmcoll.work import ProgressEngine, ending
+from shmcoll.work import CompletedWork, ProgressEngine, ending
 
 _STRIDED = torch.strided
 _profiling = profiling.active
@@ -106,6 +106,7 @@ class Collectives:
         self._fast_plans: dict = {}
         self._reductions_fast = _hash_is_op_value()
         self._small = self._compiled_small_collectives()
+        self._small_transfers = self._compiled_small_transfers()
         if rank == 0 and _log.isEnabledFor(logging.INFO):
             nodes = self._placement.nodes
             _log.info("%s", "\n".join([f"shm process group of {size} ranks on {len(nodes)} node(s): {nodes}; "
@@ -129,6 +130,17 @@ class Collectives:
             descriptors.COUNT_SHIFT, self._inline_async_bytes, allreduce_algorithm.finish_one_shot,
             schedule_driver.finish_run, _Tensor, _STRIDED, ShmcollError, profiling.active, _log, _BarrierOptions,
             descriptors.descriptor(descriptors.BARRIER), barrier_algorithm.finish)
+
+    def _compiled_small_transfers(self):
+        """The group's first try at send and recv (``ProcessGroupShm``): on one node's arena, a message that moves
+        whole at once moves in one compiled call from the group's method to the channel
+        (``_p2p.SmallTransfers``), which returns None for every call it does not take. (Elsewhere: an object that
+        takes none.)"""
+        p2p = getattr(self._placement, "p2p", None)
+        if p2p is None:
+            return _TakesNone()
+        return _p2p.SmallTransfers(self, p2p, p2p.channels, p2p.lock, _Tensor, _STRIDED, profiling.active,
+                                   CompletedWork)
 
     # -- what torch asks of a group ------------------------------------------
 
@@ -606,6 +618,11 @@ class _TakesNone:
 
     def barrier(self, opts) -> None:
         return None
+
+    def send(self, tensors, peer, tag) -> None:
+        return None
+
+    recv = send
 
 
 def of_group(group=None) -> Collectives:

@@ -208,7 +208,7 @@ class PointToPoint:
                                       arena.lines)
         self._budgets = budgets or arena.budgets  # of a caller's waits (the thread's: the arena's at the time)
         self._name = name
-        lock = threading.Lock()
+        self.lock = lock = threading.Lock()  # of everything below; held while a transfer moves, but by _move_alone
         self._cv = threading.Condition(lock)  # whoever waits for a moving transfer's slice to end
         self._idle = threading.Condition(lock)  # the thread, while it has nothing to do or helpers do it
         self._pending: list[tuple[_Transfer, TransferWork]] = []

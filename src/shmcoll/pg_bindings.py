@@ -215,12 +215,23 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
         work = self._small.barrier(opts)
         return Collectives.barrier(self, opts) if work is None else work
 
-    @_routes_devices
+    # send and recv first try the compiled small transfers (Collectives._compiled_small_transfers), which take
+    # one node's plain CPU messages that move whole at once, and return None for all others.
+
     def send(self, tensors, dstRank: int, tag: int = 0):
+        work = self._small_transfers.send(tensors, dstRank, tag)
+        return self._send_any(tensors, dstRank, tag) if work is None else work
+
+    @functools.partial(_routes_devices, name="send")
+    def _send_any(self, tensors, dstRank: int, tag: int = 0):
         return Collectives.send(self, tensors, dstRank, tag)
 
-    @_routes_devices
     def recv(self, tensors, srcRank: int, tag: int = 0):
+        work = self._small_transfers.recv(tensors, srcRank, tag)
+        return self._recv_any(tensors, srcRank, tag) if work is None else work
+
+    @functools.partial(_routes_devices, name="recv")
+    def _recv_any(self, tensors, srcRank: int, tag: int = 0):
         return Collectives.recv(self, tensors, srcRank, tag)
 
     @_routes_devices
