@@ -523,6 +523,43 @@ def fsdp2_state_dicts(cases):
     cases.run("fsdp2/load_full_state_dict_from_rank0", load_from_rank0)
 
 
+def pipelining(cases):
+    """torch.distributed.pipelining: one stage per rank (two Linear layers each), GPipe and 1F1B schedules over 4
+    microbatches, whose stages exchange activations and gradients with batch_isend_irecv (and their shapes at
+    the first step): the last stage's losses and every stage's gradients equal a Gloo group's, bit for bit."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def run(group, schedule):
+        torch.manual_seed(0)
+        layers = [nn.Linear(40, 40) for _ in range(2 * world)]  # 40 x 2 float32 activations per microbatch
+        stage_module = nn.Sequential(layers[2 * rank], nn.Tanh(), layers[2 * rank + 1])
+        stage = PipelineStage(stage_module, rank, world, torch.device("cpu"), group=group)
+        steps = schedule(stage, n_microbatches=4, loss_fn=lambda out, target: ((out - target) ** 2).sum())
+        losses = []
+        for step in range(2):  # the second step reuses the shapes the first agreed
+            inputs, target = _data(0, (8, 40), tag=step) / 1000, _data(1, (8, 40), tag=step) / 1000
+            if rank == 0:
+                steps.step(inputs)
+            elif rank == world - 1:
+                step_losses = []  # the schedule fills the list it is given afresh each step
+                steps.step(target=target, losses=step_losses)
+                losses += step_losses
+            else:
+                steps.step()
+        return [loss.detach() for loss in losses], [p.grad.clone() for p in stage_module.parameters()]
+
+    for schedule in (ScheduleGPipe, Schedule1F1B):
+        def case(schedule=schedule):
+            (losses, grads), (gloo_losses, gloo_grads) = run(None, schedule), run(_gloo(), schedule)
+            assert len(losses) == (8 if rank == world - 1 else 0), losses
+            _same(losses, gloo_losses, "losses")
+            _same(grads, gloo_grads, "gradients")
+
+        cases.run(f"pipelining/{schedule.__name__}", case)
+
+
 def checkpoint(cases, directory: str):
     import torch.distributed.checkpoint as dcp
 

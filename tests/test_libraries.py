@@ -55,6 +55,12 @@ def test_fsdp2_state_dicts():
     assert_job_passes(spawn("tests.library_scenarios:fsdp2_state_dicts", 2, timeout=300), min_cases=1)
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_pipelining_matches_gloo(world_size):
+    """torch.distributed.pipelining (GPipe, 1F1B): the stages' point-to-point messages on shm."""
+    assert_job_passes(spawn("tests.library_scenarios:pipelining", world_size, timeout=300), min_cases=2)
+
+
 def test_distributed_checkpoint(tmp_path):
     """torch.distributed.checkpoint: save and async_save, then load into a fresh model."""
     assert_job_passes(spawn("tests.library_scenarios:checkpoint", 2, args=[str(tmp_path)], timeout=300),
