@@ -7,8 +7,9 @@ Tensor parallelism (DTensor, ``parallelize_module``) and compiled code issue the
 functional collectives (``torch.distributed._functional_collectives``, whose ops reach the group as
 asynchronous calls and are waited for by ``wait_tensor``); DDP, FSDP2 and pipelining call with
 ``async_op=True``. For all_reduce, all_gather_into_tensor and reduce_scatter_tensor, float32, at each
-size, on shm (the default group), on a Gloo group over the same ranks, and on a Python backend that moves
-nothing ("noop": the floor of each call form in torch itself), interleaved:
+size, on shm (the default group), on a Gloo group over the same ranks, on a Python backend that moves
+nothing ("noop": the floor of each call form for a backend registered as shm is) and on torch's C++
+FakeProcessGroup ("fake": the floor for any backend, C++ included), interleaved:
 
   sync        dist.<op>(...)
   async       dist.<op>(..., async_op=True).wait()
@@ -21,6 +22,7 @@ a barrier), and each form's time over the synchronous one's. Results are checked
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -98,7 +100,9 @@ def main() -> int:
     dist.init_process_group("shm")
     rank, world = dist.get_rank(), dist.get_world_size()
     noop_backend.register()
-    groups = {"shm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo"), "noop": dist.new_group(backend="noop")}
+    importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers the "fake" backend
+    groups = {"shm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo"), "noop": dist.new_group(backend="noop"),
+              "fake": dist.new_group(backend="fake")}
     ctrl_group = dist.new_group(backend="gloo")
     ctrl = Ctrl(ctrl_group)
     rows = []
@@ -109,7 +113,7 @@ def main() -> int:
                 forms, reset, want = calls(op, nbytes, group, world, rank)
                 for form, fn in forms.items():
                     reset()
-                    if not torch.equal(fn(), want) and backend != "noop":
+                    if not torch.equal(fn(), want) and backend not in ("noop", "fake"):
                         raise SystemExit(f"rank {rank}: {op} {form} on {backend} gave a wrong result")
                     row["us"][f"{backend}/{form}"] = best_round_us(fn, ctrl, args.iters_time, args.rounds)
             worst = torch.tensor(list(row["us"].values()), dtype=torch.float64)
