@@ -311,25 +311,26 @@ class PointToPoint:
         """Move ``transfer`` (``_alone``'s) for one slice in C, the lock not held: a caller that waits for it,
         or the thread streaming it, pays one call per slice instead of one pass per chunk. Meanwhile
         ``start`` only queues (something is pending), and nobody else advances or unmaps (``_moving``)."""
-        error = None
+        error, moved = None, False
         try:
             moved = transfer.advance(MOVE_SLICE_NS, budgets)
-        except BaseException as exc:
-            moved, error = False, exc
-        with self._cv:
-            self._moving = False
-            if self._pending and self._pending[0][1] is work:  # else close() failed it meanwhile
-                if error is None:
-                    if moved:
-                        transfer.last_progress = time.monotonic()
-                    try:
-                        self._check_stalled(transfer)
-                    except BaseException as exc:
-                        error = exc
-                if error is not None or transfer.done:
-                    del self._pending[0]
-                    work.finish(error, None if error is not None else self._source(transfer))
-            self._cv.notify_all()  # helpers and close() wait while a transfer moves
+        except BaseException as exc:  # delivered to the work's waiter, never lost
+            error = exc
+        finally:  # whatever arrives meanwhile (a KeyboardInterrupt), the transfer stops moving
+            with self._cv:
+                self._moving = False
+                if self._pending and self._pending[0][1] is work:  # else close() failed it meanwhile
+                    if error is None:
+                        if moved:
+                            transfer.last_progress = time.monotonic()
+                        try:
+                            self._check_stalled(transfer)
+                        except BaseException as exc:
+                            error = exc
+                    if error is not None or transfer.done:
+                        del self._pending[0]
+                        work.finish(error, None if error is not None else self._source(transfer))
+                self._cv.notify_all()  # helpers and close() wait while a transfer moves
 
     def _single_target(self):
         """The word the one pending transfer waits for (the lock held), or None."""
