@@ -18,14 +18,13 @@ barrier), and Gloo's time over shm's. Every message's contents are checked once 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 
-from shmcoll.bench import timing
+from shmcoll.bench import results, timing
 from shmcoll.bench.sweep import Ctrl, parse_bytes
 
 FORMS = ("pingpong", "ipingpong", "stream")
@@ -119,9 +118,8 @@ def main() -> int:
             print(f"| {row['bytes']} | " + " | ".join(cells) + f" | {rates[0]:.2f} / {rates[1]:.2f} |")
         if args.json:
             os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump({"bench": "p2p", "config": vars(args), "world_size": world, "torch": torch.__version__,
-                           "rows": rows}, f, indent=1)
+            results.save({"bench": "p2p", "config": vars(args), "world_size": world, "torch": torch.__version__,
+                          "rows": rows}, args.json)
     dist.barrier(group=ctrl_group)
     dist.destroy_process_group()
     return 0

@@ -171,25 +171,16 @@ def forked_dataloader_workers() -> None:
     _report_threads()
 
 
-def abort_hung_collective() -> None:
-    """Rank 0 waits in an all_reduce that the last rank never joins; another thread aborts the group.
+def _idle_while_aborted() -> None:
+    """A rank that never joins: alive, so only abort() can end its peers' wait early; then a clean exit."""
+    time.sleep(4)
+    dist.destroy_process_group()
+    _report_threads()
 
-    The all_reduce must raise within about a second of abort(), far inside the
-    group's 60 s timeout; the group then refuses collectives; abort() again and
-    shutdown() from another thread are harmless; the exit is clean.
-    """
-    _init(timeout_s=60)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    group = dist.distributed_c10d._get_default_group()
-    t = _values(rank)
-    dist.all_reduce(t)
-    assert torch.equal(t, _summed(world))
-    dist.barrier()
-    if rank == world - 1:
-        time.sleep(4)  # never joins; stays alive, so only abort() can end the others' wait early
-        dist.destroy_process_group()
-        _report_threads()
-        return
+
+def _raises_soon_after_abort(group, call, what: str, words: tuple) -> None:
+    """``call()`` waits for a rank that never comes; a thread aborts ``group`` 1 s in: the call must raise within
+    about a second of abort(), far inside the group's 60 s timeout, with one of ``words`` in its message."""
     aborted_at = []
 
     def abort_soon():
@@ -200,13 +191,32 @@ def abort_hung_collective() -> None:
     threading.Thread(target=abort_soon).start()
     start = time.monotonic()
     try:
-        dist.all_reduce(_values(rank))
+        call()
     except RuntimeError as error:
         raised_after = time.monotonic() - aborted_at[0]
-        assert raised_after < 2.0, f"the all_reduce raised {raised_after:.2f} s after abort()"
-        assert "abort" in str(error), error
+        assert raised_after < 2.0, f"the {what} raised {raised_after:.2f} s after abort()"
+        assert any(word in str(error) for word in words), error
     else:
-        raise AssertionError(f"the all_reduce returned after {time.monotonic() - start:.1f} s")
+        raise AssertionError(f"the {what} returned after {time.monotonic() - start:.1f} s")
+
+
+def abort_hung_collective() -> None:
+    """Rank 0 waits in an all_reduce that the last rank never joins; another thread aborts the group.
+
+    The all_reduce must raise within about a second of abort(); the group then refuses collectives; abort()
+    again and shutdown() from another thread are harmless; the exit is clean.
+    """
+    _init(timeout_s=60)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.distributed_c10d._get_default_group()
+    t = _values(rank)
+    dist.all_reduce(t)
+    assert torch.equal(t, _summed(world))
+    dist.barrier()
+    if rank == world - 1:
+        _idle_while_aborted()
+        return
+    _raises_soon_after_abort(group, lambda: dist.all_reduce(_values(rank)), "all_reduce", ("abort",))
     try:
         dist.all_reduce(_values(rank))
     except RuntimeError as error:
@@ -230,27 +240,9 @@ def abort_hung_recv() -> None:
     group = dist.distributed_c10d._get_default_group()
     dist.barrier()
     if rank != 0:
-        time.sleep(4)  # never sends; stays alive, so only abort() can end rank 0's wait early
-        dist.destroy_process_group()
-        _report_threads()
+        _idle_while_aborted()
         return
-    aborted_at = []
-
-    def abort_soon():
-        time.sleep(1.0)
-        aborted_at.append(time.monotonic())
-        group.abort()
-
-    threading.Thread(target=abort_soon).start()
-    start = time.monotonic()
-    try:
-        dist.recv(torch.zeros(5), world - 1)
-    except RuntimeError as error:
-        raised_after = time.monotonic() - aborted_at[0]
-        assert raised_after < 2.0, f"the recv raised {raised_after:.2f} s after abort()"
-        assert "abort" in str(error) or "shut down" in str(error), error
-    else:
-        raise AssertionError(f"the recv returned after {time.monotonic() - start:.1f} s")
+    _raises_soon_after_abort(group, lambda: dist.recv(torch.zeros(5), world - 1), "recv", ("abort", "shut down"))
     dist.destroy_process_group()
     _report_threads()
 

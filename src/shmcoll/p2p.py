@@ -33,8 +33,7 @@ from __future__ import annotations
 import threading
 import time
 
-from shmcoll import _p2p, _single_copy, single_copy
-from shmcoll import _sync
+from shmcoll import _p2p, _single_copy, _sync, single_copy
 from shmcoll.errors import ShmcollError
 from shmcoll.waits import STEP_MASK
 from shmcoll.work import AsyncWork, CompletedWork
@@ -58,7 +57,8 @@ class _Transfer:
         self.addr = addr
         self.nbytes = nbytes
         self.tag = tag
-        self.chunks = 0  # of the message's ``p2p.channels.chunks(nbytes)``, moved
+        self.total = p2p.channels.chunks(nbytes)  # the message's chunks
+        self.chunks = 0  # of them, moved
         self.done = False
         self.result = result
         self.last_progress = time.monotonic()
@@ -99,7 +99,7 @@ class Send(_Transfer):
         before = self.chunks
         self.chunks = channels.send(self.peer, self.addr, self.nbytes, self.tag, before, slice_ns,
                                     *_waits(budgets, self.p2p.size))
-        self.done = self.chunks >= channels.chunks(self.nbytes)
+        self.done = self.chunks >= self.total
         return self.chunks > before
 
     def wait_target(self):
@@ -135,7 +135,7 @@ class Recv(_Transfer):
         if taken == _p2p.DIRECT_CHUNK:
             self._read(self.peer, channels.next_header(self.peer)[4])
             channels.take(self.peer)
-            taken = channels.chunks(self.nbytes)
+            taken = self.total
         elif taken == _p2p.MISMATCH:
             tag, total = channels.next_header(self.peer)[:2]
             raise ShmcollError(
@@ -143,7 +143,7 @@ class Recv(_Transfer):
                 f"rank {p2p.ranks[self.peer]} but the next one sent has {total} bytes and tag {tag}; messages "
                 f"between two ranks are delivered in the order sent")
         self.chunks = taken
-        self.done = taken >= channels.chunks(self.nbytes)
+        self.done = taken >= self.total
         return taken > before
 
     def _read(self, peer: int, address: int) -> None:
@@ -198,7 +198,7 @@ class TransferWork(AsyncWork):
 class PointToPoint:
     """One group's channels on this rank, and the thread that progresses pending transfers."""
 
-    def __init__(self, arena, name: str, direct_from: int | None = None, budgets=None):
+    def __init__(self, arena, name: str, direct_from: int | None, budgets):
         self.arena = arena
         self.direct_from = direct_from  # the least message read from the sender's buffer (None: none)
         self.me = arena.local_rank
@@ -206,7 +206,7 @@ class PointToPoint:
         self.ranks = arena.ranks
         self.channels = _p2p.Channels(arena.channel_lines, arena.channel_data, arena.p2p_bytes, self.me, self.size,
                                       arena.lines)
-        self._budgets = budgets or arena.budgets  # of a caller's waits (the thread's: the arena's at the time)
+        self._budgets = budgets  # of a caller's waits (the thread's: the arena's at the time)
         self._name = name
         self.lock = lock = threading.Lock()  # of everything below; held while a transfer moves, but by _move_alone
         self._cv = threading.Condition(lock)  # whoever waits for a moving transfer's slice to end
@@ -230,7 +230,7 @@ class PointToPoint:
                 if transfer.done:
                     return CompletedWork(transfer.result, self._source(transfer))
             # A receive whose sender posts every chunk without it waits for its caller; the rest need the thread.
-            woken = not (transfer.kind == "recv" and self.channels.chunks(transfer.nbytes) <= 2)
+            woken = not (transfer.kind == "recv" and transfer.total <= 2)
             work = TransferWork(transfer.result, transfer.describe(), self, woken)
             self._pending.append((transfer, work))
             if woken:
