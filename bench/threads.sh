@@ -6,7 +6,7 @@
 #   BASE=../other-checkout bash bench/threads.sh   # also that build of shmcoll (built in place), same run
 #
 # Parts, in order of importance, results under results/threads/. The default PARTS, "sweep base ddp peers", is
-# everything issue 41's acceptance measures, in one device call (under its 10 minutes at 2x8 and 4x4); the other
+# everything issue 41's acceptance measures, in one device call (342 s at 2x8 and 4x4 on 2026-11-27); the other
 # parts answer the questions after it, in a second call: PARTS="single pinned split oneshot nodes" (PARTS=all:
 # every part, in this order):
 #   sweep    per layout RANKS x THREADS in LAYOUTS (default "2x8 4x4"; "2x1 4x1" on 2 cores): the interleaved

@@ -13,7 +13,7 @@ DEFAULTS = group_wide(read_settings({}))  # every group-wide setting's default, 
     ("SHMCOLL_CHUNK_BYTES", 64 * 1024, 1), ("SHMCOLL_CHUNK_BYTES", 1024 * 1024, 0),
     ("SHMCOLL_P2P_BYTES", 4 * 1024, 1), ("SHMCOLL_P2P_BYTES", 256 * 1024, 0),
     ("SHMCOLL_SMALL_BYTES", 1024, 1), ("SHMCOLL_SMALL_BYTES", 512 * 1024, 0),
-    ("SHMCOLL_THREAD_BYTES", 64 * 1024, 1), ("SHMCOLL_THREAD_BYTES", 2 * 1024 * 1024, 0),
+    ("SHMCOLL_THREAD_BYTES", 16 * 1024, 1), ("SHMCOLL_THREAD_BYTES", 2 * 1024 * 1024, 0),
     ("SHMCOLL_SINGLE_COPY", "0", 1), ("SHMCOLL_SINGLE_COPY", "1", 0),
 ])
 def test_ranks_with_different_settings_use_rank_0s(variable, value, odd_rank):

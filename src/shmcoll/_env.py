@@ -34,7 +34,7 @@ class Settings:
     small_bytes: int = field(default=64 * KiB, metadata=GROUP_WIDE)
     p2p_bytes: int = field(default=64 * KiB, metadata=GROUP_WIDE)
     threads: int | None = None  # lanes per rank; None: torch.get_num_threads() (the node agrees on the least)
-    thread_bytes: int = field(default=16 * KiB, metadata=GROUP_WIDE)  # least bytes per lane
+    thread_bytes: int = field(default=64 * KiB, metadata=GROUP_WIDE)  # least bytes per lane
     segment_bytes: int = field(default=2 * MiB, metadata=GROUP_WIDE)  # across nodes: bytes per pipeline segment
     single_copy: str = field(default="auto", metadata=GROUP_WIDE)  # "auto", "0" (never) or "1" (every size)
     spin_us: float | None = None
