@@ -5,6 +5,9 @@
 #   bash bench/threads.sh                  # uses .venv if there is one, else the python on PATH
 #   BASE=../other-checkout bash bench/threads.sh   # also that build of shmcoll (built in place), same run
 #
+# On the lent many-core machine (offline, its own torch): `bash bench/device_carry.sh [BASE_COMMIT]` here, then
+# `bash .carry/run.sh` there in one call that carries .carry (PARTS, LAYOUTS, ... pass through).
+#
 # Parts, in order of importance, results under results/threads/. The default PARTS, "sweep base ddp peers", is
 # everything issue 41's acceptance measures, in one device call (342 s at 2x8 and 4x4 on 2026-11-27); the other
 # parts answer the questions after it, in a second call: PARTS="single pinned split oneshot nodes" (PARTS=all:
