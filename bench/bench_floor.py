@@ -7,12 +7,17 @@ The goal is an 8 B all_reduce within 3x of Open MPI (BENCHMARKS.md, "Goals of is
 MPI sweep). This measures how much of shm's time torch itself takes, per call (best of
 --rounds rounds of --iters calls; every rank runs the same loops, rank 0 reports):
 
-  shm     dist.all_reduce(x)                   what a user pays
+  shm     dist.all_reduce(x)                   what a user pays (the default group)
+  shm     dist.all_reduce(x, group=g)          as the other backends are called (naming the group
+                                               saves torch's _get_default_group, about 0.2 us)
   shm     group.allreduce([x], opts)           the same without torch's Python wrapper
-  noop    dist.all_reduce(x)                   a Python backend that does nothing: the floor of
+  noop    dist.all_reduce(x, group=g)          a Python backend that does nothing: the floor of
                                                any backend registered the way shm is
   noop    group.allreduce([x], opts)           the same without torch's Python wrapper
-  fake    dist.all_reduce(x)                   torch's C++ FakeProcessGroup (no communication,
+  shm     group.allreduce([x], new options)    options made per call, as dist.all_reduce makes them:
+  noop    group.allreduce([x], new options)    what reading a fresh options object costs beyond one
+                                               made once (its pybind getters)
+  fake    dist.all_reduce(x, group=g)          torch's C++ FakeProcessGroup (no communication,
                                                returns at once): the floor of any backend at all
   fake    group.allreduce([x], opts).wait()    its C++ dispatch alone
 
@@ -73,13 +78,22 @@ def main() -> int:
     def barrier():
         dist.barrier(group=ctrl)
 
+    def new_options():  # as dist.all_reduce makes them, once per call
+        made = dist.AllreduceOptions()
+        made.reduceOp = dist.ReduceOp.SUM
+        made.asyncOp = False
+        return made
+
     rows = []
     for name, label, fn in [
         ("shm", "dist.all_reduce(x)", lambda: dist.all_reduce(x)),
+        ("shm", "dist.all_reduce(x, group=g)", lambda: dist.all_reduce(x, group=groups["shm"])),
         ("shm", "group.allreduce([x], opts)", lambda: groups["shm"].allreduce([x], opts)),
-        ("noop", "dist.all_reduce(x)", lambda: dist.all_reduce(x, group=groups["noop"])),
+        ("noop", "dist.all_reduce(x, group=g)", lambda: dist.all_reduce(x, group=groups["noop"])),
         ("noop", "group.allreduce([x], opts)", lambda: groups["noop"].allreduce([x], opts)),
-        ("fake", "dist.all_reduce(x)", lambda: dist.all_reduce(x, group=groups["fake"])),
+        ("shm", "group.allreduce([x], new options)", lambda: groups["shm"].allreduce([x], new_options())),
+        ("noop", "group.allreduce([x], new options)", lambda: groups["noop"].allreduce([x], new_options())),
+        ("fake", "dist.all_reduce(x, group=g)", lambda: dist.all_reduce(x, group=groups["fake"])),
         ("fake", "group.allreduce([x], opts).wait()", lambda: groups["fake"].allreduce([x], opts).wait()),
     ]:
         x.fill_(1)
@@ -97,12 +111,15 @@ def main() -> int:
         print("|:--|:--|--:|")
         for r in rows:
             print(f"| {r['backend']} | `{r['call']}` | {r['us']:.2f} |")
-        wrapped, direct = "dist.all_reduce(x)", "group.allreduce([x], opts)"
+        wrapped, direct = "dist.all_reduce(x, group=g)", "group.allreduce([x], opts)"
         beyond = us[("shm", wrapped)] - us[("noop", wrapped)]
         beyond_direct = us[("shm", direct)] - us[("noop", direct)]
+        fresh = "group.allreduce([x], new options)"
+        beyond_fresh = us[("shm", fresh)] - us[("noop", fresh)]
         print(f"\nshm's own work beyond a no-op Python backend: {beyond:.2f} us (called directly: "
-              f"{beyond_direct:.2f} us); a backend that does nothing pays {us[('noop', wrapped)]:.2f} us "
-              f"(Python) or {us[('fake', wrapped)]:.2f} us (C++ fake) through dist.all_reduce")
+              f"{beyond_direct:.2f} us with options made once, {beyond_fresh:.2f} us with options made per call); "
+              f"a backend that does nothing pays {us[('noop', wrapped)]:.2f} us (Python) or "
+              f"{us[('fake', wrapped)]:.2f} us (C++ fake) through dist.all_reduce")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"bench": "floor", "config": vars(args), "world_size": world, "cpus": os.cpu_count(),
