@@ -55,11 +55,13 @@ cdef class SmallCollectives:
     of the copy path (the all-reduce: as one one-shot step), inline (synchronous, or asynchronous and at most
     ``inline_async_bytes``), with no profiler, no DEBUG log and no earlier error; else None.
 
-    It keeps the group's bookkeeping as ``Collectives._run`` does (``_seq``, ``_desc``, ``_in_collective``, the
-    error that makes the group unusable). A wait that outlasts its slice, or a peer in another collective,
-    goes to the Python functions that settle it the slow way (``finish_one_shot``, ``finish_run``)."""
+    It keeps the group's bookkeeping as ``Collectives._run`` does (its ``GroupState``). A wait that outlasts its
+    slice, or a peer in another collective, goes to the Python functions that settle it the slow way
+    (``finish_one_shot``, ``finish_run``)."""
 
-    cdef object group, engine, steps, plans, finish_one_shot, finish_run, finish_barrier
+    cdef object engine, plans, finish_one_shot, finish_run, finish_barrier
+    cdef GroupState state  # the group's (Collectives._state)
+    cdef StepCount steps  # the arena's Steps: step (last posted) and all_reached
     cdef object tensor_type, strided, error_type, profiling, log, barrier_options
     cdef uint64_t barrier_desc
     cdef tuple kinds, options  # per collective (the order above): its descriptor kind, its options' type
@@ -75,9 +77,9 @@ cdef class SmallCollectives:
                  tuple limits, int count_shift, Py_ssize_t inline_async_bytes, finish_one_shot, finish_run,
                  tensor_type, strided, error_type, profiling, log, barrier_options, uint64_t barrier_desc,
                  finish_barrier):
-        self.group = group
+        self.state = group._state
         self.engine = engine
-        self.steps = steps  # the arena's Steps: step (last posted) and all_reached
+        self.steps = steps
         self.schedule = schedule  # steps.schedule
         self.size = schedule.s.size
         self.plans = plans  # the group's fast plans, by (kind, dtype, op value or root)
@@ -149,16 +151,16 @@ cdef class SmallCollectives:
         # engine.busy() read in place: its queue first, then whether it runs (ProgressEngine.busy says why)
         if engine._queue or engine._running or self.profiling() or self._debug():
             return False
-        # From here to _in_collective (``_start``), nothing lets another thread run: a shutdown on one sets
-        # _error before it waits for _in_collective to clear and unmaps the arena (Collectives.shutdown).
-        return self.group._error is None and self.steps.all_reached >= self.steps.step
+        # From here to in_collective (``_start``), nothing lets another thread run: a shutdown on one sets
+        # the error before it waits for in_collective to clear and unmaps the arena (Collectives.shutdown).
+        return self.state.error is None and self.steps.all_reached >= self.steps.step
 
     cdef void _start(self, uint64_t desc):
-        group = self.group
         self.taken += 1
-        group._seq += 1
-        group._desc = desc
-        group._in_collective = True  # the arena is in use: teardown must not unmap it under us
+        cdef GroupState state = self.state
+        state.seq += 1
+        state.desc = desc
+        state.in_collective = True  # the arena is in use: teardown must not unmap it under us
 
     cdef object _settle(self, finish, tuple args, result, uint64_t desc, bint async_op):
         """``finish(*args)``, the slow rest of a call whose first schedule call did not finish it; None, or the
@@ -167,12 +169,12 @@ cdef class SmallCollectives:
             finish(*args)
         except Exception as error:
             if isinstance(error, self.error_type):
-                self.group._error = error
+                self.state.error = error
             if not async_op:
                 raise
             return self.engine.finished(result, desc, error)
         finally:
-            self.group._in_collective = False
+            self.state.in_collective = False
         return None
 
     cdef object _ran(self, Py_ssize_t status, int64_t base, uint64_t desc, _Resume call, result, bint async_op):
@@ -180,13 +182,14 @@ cdef class SmallCollectives:
         ``shmcoll.algorithms.schedule.run`` keeps it) where it finished, else ``finish_run`` with ``call``
         (None where it finished); the call's Work."""
         cdef int64_t reached
+        cdef StepCount steps
         if status == STATUS_DONE:  # steps.record_schedule(posted, reached), less its Python call
             steps = self.steps
             steps.step = _unwrapped(base, self.schedule.s.posted)
             reached = _unwrapped(base, self.schedule.s.reached)
             if reached > steps.all_reached:
                 steps.all_reached = reached
-            self.group._in_collective = False
+            self.state.in_collective = False
         else:
             failed = self._settle(self.finish_run, (self.steps, self.schedule, desc, call, base, status), result,
                                   desc, async_op)
@@ -234,7 +237,7 @@ cdef class SmallCollectives:
         if status == STATUS_DONE:  # steps.record_schedule(step, step), less its Python call
             self.steps.step = step
             self.steps.all_reached = step
-            self.group._in_collective = False
+            self.state.in_collective = False
         else:
             failed = self._settle(self.finish_one_shot, (self.steps, step, status, desc, addr, count, itemsize,
                                                          entry[3], op, scale), tensors, desc, async_op)
@@ -256,7 +259,7 @@ cdef class SmallCollectives:
         self.steps.step = step  # posted (steps.record_schedule, less its Python call)
         if status == STATUS_DONE:
             self.steps.all_reached = step
-            self.group._in_collective = False
+            self.state.in_collective = False
         else:
             failed = self._settle(self.finish_barrier, (self.steps, step, desc), [], desc, async_op)
             if failed is not None:

@@ -212,11 +212,11 @@ cdef class SmallTransfers:
     ``PointToPoint.start`` does, and makes the same Work (``completed(result, source)``)."""
 
     cdef Channels channels
-    cdef object group, engine, lock, tensor_type, strided, profiling, completed
+    cdef object state, engine, lock, tensor_type, strided, profiling, completed
     cdef readonly Py_ssize_t taken  # calls this path ran (tests check which path ran)
 
     def __init__(self, group, engine, Channels channels, lock, tensor_type, strided, profiling, completed):
-        self.group = group  # its _error: the error that made it unusable
+        self.state = group._state  # its error: the one that made the group unusable
         self.engine = engine  # the PointToPoint: its _pending and _closed, read under ``lock``
         self.channels = channels
         self.lock = lock
@@ -236,7 +236,7 @@ cdef class SmallTransfers:
         tensor = (<list>tensors)[0]
         if not self._plain(tensor) or peer < 0 or peer >= self.channels.size or peer == self.channels.me:
             return None
-        if self.group._error is not None or self.profiling():
+        if self.state.error is not None or self.profiling():
             return None
         return tensor
 

@@ -979,14 +979,14 @@ def fast_paths(cases):
             def run():
                 launches.clear()
                 before = pg._small.taken if compiled is not None else 0
-                seq = pg._seq
+                seq = pg._state.seq
                 call(case, dtype, count, op_name, async_op, make)
                 went = "the general path" if launches else "the fast path"
                 assert bool(launches) != fast, f"{case}: took {went}"
                 took = (pg._small.taken - before) if compiled is not None else 0
                 want = fast and count * dtype.itemsize <= one_lane_bytes.get(placement_kind[name], 0)
                 assert took == want, f"{case}: the compiled path took {took} calls, not {int(want)}"
-                assert pg._seq == seq + 1 and f"{count} elements) #{seq + 1}" in pg.describe_current(), \
+                assert pg._state.seq == seq + 1 and f"{count} elements) #{seq + 1}" in pg.describe_current(), \
                     f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
 
             cases.run(case, run)
@@ -1015,7 +1015,7 @@ def fast_paths(cases):
 
         def barrier_call():
             before = pg._small.taken if compiled is not None else 0
-            seq = pg._seq
+            seq = pg._state.seq
             if late and rank == world - 1:
                 time.sleep(0.35)
             start = time.monotonic()
@@ -1025,7 +1025,7 @@ def fast_paths(cases):
             held = time.monotonic() - start
             took = (pg._small.taken - before) if compiled is not None else 0
             assert took == (1 if one_lane_bytes else 0), f"{case}: the compiled path took {took} calls"
-            assert pg._seq == seq + 1 and pg.describe_current() == f"barrier() #{seq + 1}", \
+            assert pg._state.seq == seq + 1 and pg.describe_current() == f"barrier() #{seq + 1}", \
                 f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
             assert not late or rank == world - 1 or held > 0.25, f"{case}: the barrier let rank {rank} go after " \
                 f"{held:.3f} s, before the late rank came"

@@ -114,9 +114,10 @@ def _page_up(offset: int) -> int:
     return (offset + PAGE - 1) // PAGE * PAGE
 
 
-class Steps:
+class Steps(_schedules.StepCount):
     """One sequence of steps over one set of control lines (one line per local rank), and the
-    C schedules that run over the buffers it owns: the whole arena's, or one lane's."""
+    C schedules that run over the buffers it owns: the whole arena's, or one lane's. Where it stands
+    (``step``, ``all_reached``) is kept in C by its base, for the compiled small collectives."""
 
     def __init__(self, arena: "Arena", lines: int, chunk_bytes: int, data: int, scratch: int):
         self.arena = arena

@@ -86,13 +86,10 @@ class Collectives:
         self._rank = rank
         self._size = size
         self._settings = read_settings()
-        self._error: BaseException | None = None  # the first failure; the group refuses collectives after it
-        self._seq = 0  # collectives started on this group, for messages
-        self._desc = 0  # descriptor of the collective in progress, for messages
+        self._state = _schedules.GroupState()  # seq, desc, in_collective, error: see there
         self._reductions = ops.Reductions(size)
         self._engine = ProgressEngine(f"rank{rank}")
         self._teardown = threading.Lock()  # shutdown() and abort() may come from any thread, twice
-        self._in_collective = False  # a collective runs now (inline, on the progress thread, or the small path)
         _configure_logging(rank)
         _torch_compat.warn_if_untested()  # the first group of a process says so on a torch newer than tested
         gloo_exit.install()  # a Gloo group beside this one must not abort the process at exit
@@ -156,35 +153,36 @@ class Collectives:
 
     def describe_current(self) -> str:
         """The collective in progress, as errors name it: 'all_reduce(sum, float32, 4096 elements) #17'."""
-        return f"{descriptors.describe(self._desc)} #{self._seq}"
+        return f"{descriptors.describe(self._state.desc)} #{self._state.seq}"
 
     def _check_usable(self) -> None:
-        if self._error is not None:
-            raise ShmcollError(f"this shm process group is unusable after an earlier error: {self._error}")
+        if self._state.error is not None:
+            raise ShmcollError(f"this shm process group is unusable after an earlier error: {self._state.error}")
 
     def _start(self, desc: int) -> None:
         """Make ``desc`` the collective in progress (named in errors and DEBUG logs), if the group is usable."""
-        if self._error is not None:  # (a call less on every collective's path)
+        state = self._state
+        if state.error is not None:  # (a call less on every collective's path)
             self._check_usable()
-        self._seq += 1
-        self._desc = desc
+        state.seq += 1
+        state.desc = desc
         if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("rank %d: %s #%d", self._rank, descriptors.describe(desc), self._seq)
+            _log.debug("rank %d: %s #%d", self._rank, descriptors.describe(desc), state.seq)
 
     def _run(self, desc: int, body, inputs, event=None) -> None:
         """Run ``body`` as collective ``desc`` of ``inputs``; a failure of ours makes the group unusable. Its
         profiler event (``profiling``) is ``event`` where the issuing thread began it, else one begun here."""
         self._start(desc)
-        self._in_collective = True  # the arena is in use: teardown must not unmap it under us
+        self._state.in_collective = True  # the arena is in use: teardown must not unmap it under us
         if event is None and _profiling():  # a function call less per collective when no profiler is on
             event = profiling.start(desc, inputs, self._size)
         try:
             body()
         except ShmcollError as error:
-            self._error = error
+            self._state.error = error
             raise
         finally:
-            self._in_collective = False
+            self._state.in_collective = False
             if event is not None:
                 profiling.end(event)
 
@@ -252,7 +250,7 @@ class Collectives:
 
         def body():
             for *args, desc in calls:
-                self._desc = desc
+                self._state.desc = desc
                 step(*args, desc)
 
         return self._launch(calls[0][-1] if calls else descriptors.descriptor(descriptors.BARRIER), body, result, opts,
@@ -562,8 +560,8 @@ class Collectives:
                 self._engine.close()
                 # Refused from here on, before the arena goes: the compiled small collectives hold the arena
                 # itself, not the placement, and check only this.
-                self._error = self._error or ShmcollError("this shm process group was shut down")
-                _until(lambda: not self._in_collective, None)  # one still running on another thread
+                self._state.error = self._state.error or ShmcollError("this shm process group was shut down")
+                _until(lambda: not self._state.in_collective, None)  # one still running on another thread
                 self._placement.close()
                 self._placement = None
 
@@ -576,11 +574,11 @@ class Collectives:
             if placement is None:
                 return
             error = AbortedError(f"rank {self._rank}: this shm process group was aborted")
-            self._error = self._error or error
+            self._state.error = self._state.error or error
             placement.abort("abort() was called on this process group")
             deadline = time.monotonic() + _ABORT_GRACE_S
             if not (self._engine.abort(error, _ABORT_GRACE_S)
-                    and _until(lambda: not self._in_collective, deadline)):
+                    and _until(lambda: not self._state.in_collective, deadline)):
                 # A collective still runs (in a Gloo call between nodes, which has no abort): unmapping
                 # under it could crash the process; the mapping goes when the process does.
                 _log.warning("rank %d: abort(): a collective still runs after %g s; the shm arena stays "
