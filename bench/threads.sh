@@ -9,9 +9,9 @@
 # `bash .carry/run.sh` there in one call that carries .carry (PARTS, LAYOUTS, ... pass through).
 #
 # Parts, in order of importance, results under results/threads/. The default PARTS, "sweep base ddp peers", is
-# everything issue 41's acceptance measures, in one device call (342 s at 2x8 and 4x4 on 2026-11-27); the other
-# parts answer the questions after it, in a second call: PARTS="single pinned split oneshot nodes" (PARTS=all:
-# every part, in this order):
+# everything issue 41's acceptance measures, in one device call (its time: BENCHMARKS.md, "The third device
+# session"); the other parts answer the questions after it, in a second call: PARTS="single pinned split
+# oneshot nodes" (PARTS=all: every part, in this order):
 #   sweep    per layout RANKS x THREADS in LAYOUTS (default "2x8 4x4"; "2x1 4x1" on 2 cores): the interleaved
 #            shm-vs-Gloo sweep of all_reduce, all_gather_into_tensor, reduce_scatter_tensor and broadcast,
 #            64 KiB-64 MiB, float32 and bfloat16, that many torch threads per rank, and the copy ceiling
