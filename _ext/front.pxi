@@ -8,7 +8,8 @@
 # to them. What it may take is decided by the layers it stands for: the plan the general path admitted
 # (``Collectives._admit``), the sizes the placement runs that way (``OneNode.one_lane_bytes``), the engine's
 # ``busy``, the arena's steps; it reads them, it does not decide them again. What it reads of torch's
-# objects (the options' pybind getters above all) is most of what it costs.
+# objects is most of what it costs: the options' fields it loads from their C++ structs (options.pxi), the
+# tensor's through its getters.
 
 
 cdef enum:
@@ -21,7 +22,7 @@ cdef enum:
     _ALLGATHER = 2
     _REDUCE_SCATTER = 3
     _KINDS = 4
-
+    _BARRIER = 4  # its options' asyncOp only
 
 cdef inline int64_t _unwrapped(int64_t base, uint32_t step) noexcept nogil:
     """The arena's (unbounded) number of a 32-bit step at or after ``base`` (0: before it, nothing new)."""
@@ -66,6 +67,10 @@ cdef class SmallCollectives:
     cdef uint64_t barrier_desc
     cdef tuple kinds, options  # per collective (the order above): its descriptor kind, its options' type
     cdef Py_ssize_t limits[_KINDS]  # per collective: the most bytes per rank (reduce-scatter: per block)
+    # Where each collective's options keep their fields (``shmcoll.option_fields``; -1: read by the getter)
+    cdef Py_ssize_t op_at[_KINDS]
+    cdef Py_ssize_t async_at[_KINDS + 1]
+    cdef Py_ssize_t root_at
     cdef list entries  # per collective: key(dtype, op or root) -> what its calls need (``_entry``)
     cdef dict log_cache
     cdef Schedule schedule
@@ -76,7 +81,7 @@ cdef class SmallCollectives:
     def __init__(self, group, engine, steps, Schedule schedule, dict plans, tuple kinds, tuple options,
                  tuple limits, int count_shift, Py_ssize_t inline_async_bytes, finish_one_shot, finish_run,
                  tensor_type, strided, error_type, profiling, log, barrier_options, uint64_t barrier_desc,
-                 finish_barrier):
+                 finish_barrier, tuple offsets):
         self.state = group._state
         self.engine = engine
         self.steps = steps
@@ -87,6 +92,11 @@ cdef class SmallCollectives:
         self.options = options
         for i in range(_KINDS):
             self.limits[i] = limits[i]
+        for i in range(_KINDS + 1):  # per options type, in the kinds' order, then the barrier's
+            self.async_at[i] = offsets[i]["asyncOp"]
+            if i < _KINDS:
+                self.op_at[i] = offsets[i].get("reduceOp", -1)
+        self.root_at = offsets[_BROADCAST]["rootRank"]
         self.entries = [{} for _ in range(_KINDS)]
         self.keys_per_dtype = max(_OPS, self.size)  # op values, or roots
         self.count_shift = count_shift
@@ -112,6 +122,19 @@ cdef class SmallCollectives:
         """A dense contiguous CPU ``torch.Tensor`` (no subclass: one may override what the checks rely on)."""
         return (type(tensor) is self.tensor_type and tensor.is_cpu and tensor.layout is self.strided
                 and tensor.is_contiguous())
+
+    cdef Py_ssize_t _op_value(self, int which, opts) except? -1:
+        """The value of the call's ReduceOp (its ``RedOpType``; ``hash`` gives it, ``Collectives._admit``)."""
+        cdef Py_ssize_t at = self.op_at[which]
+        if at >= 0:
+            return _field(_options_value(opts), at, 1)
+        return hash(opts.reduceOp)
+
+    cdef bint _async_op(self, int which, opts) except -1:
+        cdef Py_ssize_t at = self.async_at[which]
+        if at >= 0:
+            return _field(_options_value(opts), at, 1) != 0
+        return opts.asyncOp
 
     cdef tuple _entry(self, int which, dtype, Py_ssize_t key_value):
         """What a call of collective ``which`` on ``dtype`` (with op value or root ``key_value``) needs, from
@@ -215,11 +238,11 @@ cdef class SmallCollectives:
         tensor = (<list>tensors)[0]
         if not self._plain(tensor):
             return None
-        entry = self._entry(_ALLREDUCE, tensor.dtype, hash(opts.reduceOp))
+        entry = self._entry(_ALLREDUCE, tensor.dtype, self._op_value(_ALLREDUCE, opts))
         if entry is None:
             return None
         cdef Py_ssize_t count = tensor.numel(), itemsize = entry[2]
-        cdef bint async_op = opts.asyncOp
+        cdef bint async_op = self._async_op(_ALLREDUCE, opts)
         if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and count * itemsize > self.inline_async_bytes)
                 or not self._may_start()):
             return None
@@ -249,7 +272,7 @@ cdef class SmallCollectives:
         """``group.barrier(opts)`` as one step, or None."""
         if type(opts) is not self.barrier_options or not self._may_start():
             return None
-        cdef bint async_op = opts.asyncOp
+        cdef bint async_op = self._async_op(_BARRIER, opts)
         cdef int64_t step = self.steps.step + 1
         cdef uint64_t desc = self.barrier_desc
         cdef Py_ssize_t status
@@ -273,12 +296,13 @@ cdef class SmallCollectives:
         tensor = (<list>tensors)[0]
         if not self._plain(tensor):
             return None
-        cdef int64_t root = opts.rootRank  # a root out of the group's range has no entry
+        # a root out of the group's range has no entry
+        cdef int64_t root = _field(_options_value(opts), self.root_at, 8) if self.root_at >= 0 else opts.rootRank
         entry = self._entry(_BROADCAST, tensor.dtype, root)
         if entry is None:
             return None
         cdef Py_ssize_t count = tensor.numel(), nbytes = count * <Py_ssize_t>entry[2]
-        cdef bint async_op = opts.asyncOp
+        cdef bint async_op = self._async_op(_BROADCAST, opts)
         if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and nbytes > self.inline_async_bytes)
                 or not self._may_start()):
             return None
@@ -303,7 +327,7 @@ cdef class SmallCollectives:
         if entry is None:
             return None
         cdef Py_ssize_t count = input.numel(), nbytes = count * <Py_ssize_t>entry[2]
-        cdef bint async_op = opts.asyncOp
+        cdef bint async_op = self._async_op(_ALLGATHER, opts)
         if (count <= 0 or count > <Py_ssize_t>entry[1] or output.numel() != count * self.size
                 or (async_op and nbytes > self.inline_async_bytes) or not self._may_start()):
             return None
@@ -324,11 +348,11 @@ cdef class SmallCollectives:
         dtype = output.dtype
         if input.dtype is not dtype:
             return None
-        entry = self._entry(_REDUCE_SCATTER, dtype, hash(opts.reduceOp))
+        entry = self._entry(_REDUCE_SCATTER, dtype, self._op_value(_REDUCE_SCATTER, opts))
         if entry is None:
             return None
         cdef Py_ssize_t count = output.numel(), itemsize = entry[2]
-        cdef bint async_op = opts.asyncOp
+        cdef bint async_op = self._async_op(_REDUCE_SCATTER, opts)
         if (count <= 0 or count > <Py_ssize_t>entry[1] or input.numel() != count * self.size
                 or (async_op and count * itemsize * self.size > self.inline_async_bytes) or not self._may_start()):
             return None

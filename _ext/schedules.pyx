@@ -11,6 +11,7 @@ reduction kernels by address (``shmcoll.kernel_abi``). One file per collective:
     allgather.pxi        allgather
     broadcast.pxi        broadcast
     lanes.pxi            Pool: one collective over several threads of a rank
+    options.pxi          field_offset: where c10d's options keep a field, for front.pxi to read it in C
     front.pxi            SmallCollectives: the small collectives from the group's method to their schedule
 
 Waits are bounded by the slice like every other wait: when one expires, the
@@ -161,4 +162,5 @@ def combine(uintptr_t kernel, uintptr_t out, uintptr_t first, uintptr_t rows, Py
 
 
 include "lanes.pxi"
+include "options.pxi"
 include "front.pxi"

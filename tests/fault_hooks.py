@@ -6,6 +6,9 @@ creator fails to create it, which is an error on every rank (shmcoll.node_arena)
 
 ``TEST_READ_COST=1.0``: the single-copy probe finds that a read of a peer costs that many copies, on every
 rank, so that the default mode picks its spans by it whatever this machine's reads cost (shmcoll.single_copy).
+
+``TEST_OPTIONS_BY_GETTERS=1``: the probe finds no field of c10d's options, as on a torch whose structs it cannot
+read, so the compiled small collectives read every option through its pybind getter (shmcoll.option_fields).
 """
 from __future__ import annotations
 
@@ -22,6 +25,11 @@ def install_from_environment() -> None:
 
         cost = float(os.environ["TEST_READ_COST"])
         single_copy.read_cost = lambda pid, address: cost
+    if os.environ.get("TEST_OPTIONS_BY_GETTERS"):
+        from shmcoll import option_fields
+
+        found = option_fields.offsets
+        option_fields.offsets = lambda options_type: {name: -1 for name in found(options_type)}
 
 
 def _fail_attach(me: int) -> None:

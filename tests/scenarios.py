@@ -913,12 +913,17 @@ def fast_paths(cases):
     general = pg._launch
     pg._launch = lambda *args, **kwargs: launches.append(1) or general(*args, **kwargs)
 
+    def own_work(case, work):
+        # an asynchronous call's Work is its own (the synchronous ones share one completed Work)
+        assert work is not pg._engine._completed, f"{case}: an async call returned the shared completed Work"
+        work.wait()
+
     def all_reduce(case, dtype, count, op_name, async_op, make=torch.Tensor):
         inputs = [make_input(case, r, dtype, count, op_name) for r in range(world)]
         tensor = inputs[rank].clone().as_subclass(make)
         work = dist.all_reduce(tensor, op=ops_for(dtype)[op_name], async_op=async_op)
         if async_op:
-            work.wait()
+            own_work(case, work)
         _equal(tensor.as_subclass(torch.Tensor), reference_reduce(inputs, op_name, dtype), case)
 
     def reduce_scatter(case, dtype, count, op_name, async_op, make=torch.Tensor):
@@ -926,7 +931,7 @@ def fast_paths(cases):
         out = torch.zeros(count, dtype=dtype).as_subclass(make)
         work = dist.reduce_scatter_tensor(out, inputs[rank].clone(), op=ops_for(dtype)[op_name], async_op=async_op)
         if async_op:
-            work.wait()
+            own_work(case, work)
         expected = reference_reduce(inputs, op_name, dtype)[rank * count:(rank + 1) * count]
         _equal(out.as_subclass(torch.Tensor), expected, case)
 
@@ -936,14 +941,14 @@ def fast_paths(cases):
         tensor = tensor.as_subclass(make)
         work = dist.broadcast(tensor, root, async_op=async_op)
         if async_op:
-            work.wait()
+            own_work(case, work)
         _equal(tensor.as_subclass(torch.Tensor), make_input(case, root, dtype, count), case)
 
     def all_gather(case, dtype, count, op_name, async_op, make=torch.Tensor):
         out = torch.zeros(world * count, dtype=dtype).as_subclass(make)
         work = dist.all_gather_into_tensor(out, make_input(case, rank, dtype, count), async_op=async_op)
         if async_op:
-            work.wait()
+            own_work(case, work)
         _equal(out.as_subclass(torch.Tensor), torch.cat([make_input(case, r, dtype, count) for r in range(world)]),
                case)
 
@@ -990,6 +995,48 @@ def fast_paths(cases):
                     f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
 
             cases.run(case, run)
+
+    # The compiled path reads each call's op, root and asyncOp from torch's options structs
+    # (shmcoll.option_fields): every op of an all_reduce and a reduce_scatter_tensor, every root of a broadcast,
+    # sync and async, gives the reference's result there (the second call of each: the first admits its plan).
+    # An asynchronous call gets a Work of its own, which a later call's result does not change.
+    reduced = []  # calls of every_op the compiled path took
+
+    def every_op(case, call, dtype, op_name, async_op):
+        for n in range(2):
+            before = pg._small.taken if compiled is not None else 0
+            call(f"{case}#{n}", dtype, 3, op_name, async_op)
+        reduced.append((pg._small.taken - before) if compiled is not None else 0)
+
+    for dtype in (torch.float32, torch.int32):
+        for op_name in ops_for(dtype):
+            for async_op in (False, True):
+                for name, call in (("all_reduce", all_reduce), ("reduce_scatter_tensor", reduce_scatter)):
+                    cases.run(f"fast_path/every_op/{name}/{dtype}/{op_name}/async={async_op}", every_op,
+                              f"every_op/{name}/{dtype}/{op_name}/async={async_op}", call, dtype, op_name, async_op)
+    if one_lane_bytes:  # at least sum, product, min and max of both dtypes, both ways, for both collectives
+        cases.check("fast_path/every_op/compiled", sum(reduced) >= 4 * 2 * 2 * 2,
+                    f"the compiled path took {sum(reduced)} of the {len(reduced)} calls")
+
+    def every_root():
+        for root in range(world):
+            for async_op in (False, True):
+                case = f"fast_path/every_root/{root}/async={async_op}"
+                for n in range(2):
+                    before = pg._small.taken if compiled is not None else 0
+                    tensor = (make_input(case, root, torch.int64, 5) if rank == root
+                              else torch.zeros(5, dtype=torch.int64))
+                    work = dist.broadcast(tensor, root, async_op=async_op)
+                    if async_op:
+                        later = torch.zeros(3)
+                        dist.all_reduce(later)  # runs inline too, after the broadcast's Work was made
+                        assert work.result()[0] is tensor, f"{case}: the async Work's result is another call's"
+                        work.wait()
+                    _equal(tensor, make_input(case, root, torch.int64, 5), case)
+                took = (pg._small.taken - before) if compiled is not None else 0
+                assert took == (1 + async_op if one_lane_bytes else 0), f"{case}: the compiled path took {took} calls"
+
+    cases.run("fast_path/every_root", every_root)
 
     def late_peer():
         # The last rank comes after several wait slices: the compiled path's first wait gives up and the

@@ -79,3 +79,9 @@ def test_in_place_overlap(world_size):
 def test_fast_paths(world_size):
     result = spawn("tests.scenarios:fast_paths", world_size, env=SMALL_CHUNKS)
     assert_job_passes(result, min_cases=30)
+
+
+def test_fast_paths_options_by_getters():
+    """Where the options' fields are not found in torch's structs, the compiled path reads their getters."""
+    result = spawn("tests.scenarios:fast_paths", 3, env={**SMALL_CHUNKS, "TEST_OPTIONS_BY_GETTERS": "1"})
+    assert_job_passes(result, min_cases=30)

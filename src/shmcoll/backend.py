@@ -25,8 +25,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from shmcoll import (_p2p, _schedules, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops, placement,
-                     profiling, sparse)
+from shmcoll import (_p2p, _schedules, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops,
+                     option_fields, placement, profiling, sparse)
 from shmcoll._env import read_settings
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
@@ -126,7 +126,9 @@ class Collectives:
             tuple(one_lane_bytes[kind] for kind in ("all_reduce", "broadcast", "all_gather", "reduce_scatter")),
             descriptors.COUNT_SHIFT, self._inline_async_bytes, allreduce_algorithm.finish_one_shot,
             schedule_driver.finish_run, _Tensor, _STRIDED, ShmcollError, profiling.active, _log, _BarrierOptions,
-            descriptors.descriptor(descriptors.BARRIER), barrier_algorithm.finish)
+            descriptors.descriptor(descriptors.BARRIER), barrier_algorithm.finish,
+            tuple(option_fields.offsets(options) for options in (
+                _AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions, _BarrierOptions)))
 
     def _compiled_small_transfers(self):
         """The group's first try at send and recv (``ProcessGroupShm``): on one node's arena, a message that moves
