@@ -39,5 +39,14 @@ def offsets(options_type) -> dict[str, int]:
     """Each field of ``options_type`` that the small collectives read, with its byte offset (-1: not found,
     read through the getter). Probed once per process."""
     window, fields = _FIELDS[options_type]
+    if not _simple_pybind11(options_type):  # another binding: its object may hold no pointer to read
+        return {name: -1 for name, _, _ in fields}
     return {name: _schedules.field_offset(options_type, name, settings, width, window)
             for name, width, settings in fields}
+
+
+def _simple_pybind11(options_type) -> bool:
+    """Whether ``options_type`` is a pybind11 class with no other base, whose objects keep a pointer to their C++
+    value right after the object's header (pybind11's simple layout), the one layout the probe reads."""
+    return (type(options_type).__name__ == "pybind11_type" and len(options_type.__mro__) == 3
+            and options_type.__mro__[1].__name__ == "pybind11_object")

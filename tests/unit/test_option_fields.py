@@ -44,6 +44,25 @@ def test_each_offset_reads_what_the_getter_reads(options_type):
             assert _read(opts, at, widths[name]) == want, (name, at, getter)
 
 
+def test_a_class_of_another_binding_is_never_probed():
+    """Only pybind11's simple layout holds a pointer to the struct after the object's header: any other class
+    is read through its getters, whatever its fields (probing it could read through a value as a pointer)."""
+
+    class Plain:  # a Python class with the same fields
+        reduceOp = dist.ReduceOp.SUM
+        asyncOp = True
+
+    class Derived(dist.AllreduceOptions):  # a Python subclass: not the class torch's wrapper makes
+        pass
+
+    option_fields._FIELDS[Plain] = option_fields._FIELDS[Derived] = option_fields._FIELDS[dist.AllreduceOptions]
+    try:
+        assert option_fields.offsets(Plain) == {"reduceOp": -1, "asyncOp": -1}
+        assert option_fields.offsets(Derived) == {"reduceOp": -1, "asyncOp": -1}
+    finally:
+        del option_fields._FIELDS[Plain], option_fields._FIELDS[Derived]
+
+
 def test_a_field_is_not_found_where_no_one_offset_reads_it_back():
     flags = option_fields._FLAGS
     at = option_fields.offsets(dist.AllreduceOptions)["asyncOp"]
