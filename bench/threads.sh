@@ -8,10 +8,14 @@
 # On the lent many-core machine (offline, its own torch): `bash bench/device_carry.sh [BASE_COMMIT]` here, then
 # `bash .carry/run.sh` there in one call that carries .carry (PARTS, LAYOUTS, ... pass through).
 #
-# Parts, in order of importance, results under results/threads/. The default PARTS, "sweep base ddp peers", is
-# everything issue 41's acceptance measures, in one device call (its time: BENCHMARKS.md, "The third device
-# session"); the other parts answer the questions after it, in a second call: PARTS="single pinned split
-# oneshot nodes" (PARTS=all: every part, in this order):
+# Parts, in order of importance, results under results/threads/. The default PARTS, "small peers ddp", is what
+# the open issue (44) asks of many cores, in one device call; "sweep base ddp peers" was issue 41's acceptance
+# (its time: BENCHMARKS.md, "The third device session"), and the other parts answer the questions after it:
+# PARTS="single pinned split oneshot nodes" (PARTS=all: every part, in this order):
+#   small    per layout of SMALL_LAYOUTS (default "2x1 4x1": every rank on a core of its own), the 8-byte
+#            all_reduce's floor against torch's own layers (bench/bench_floor.py) and the sync, async and
+#            functional forms of all_reduce, all_gather_into_tensor and reduce_scatter_tensor at 8 B and
+#            256 KiB (bench/bench_async.py); with BASE, BASE's build the same way after each
 #   sweep    per layout RANKS x THREADS in LAYOUTS (default "2x8 4x4"; "2x1 4x1" on 2 cores): the interleaved
 #            shm-vs-Gloo sweep of all_reduce, all_gather_into_tensor, reduce_scatter_tensor and broadcast,
 #            64 KiB-64 MiB, float32 and bfloat16, that many torch threads per rank, and the copy ceiling
@@ -41,8 +45,9 @@ DDP_LAYOUTS=${DDP_LAYOUTS:-$LAYOUTS}
 PEER_LAYOUTS=${PEER_LAYOUTS:-${LAYOUTS%% *}}
 ONESHOT_LAYOUTS=${ONESHOT_LAYOUTS:-"8x2 16x1"}
 NODE_LAYOUT=${NODE_LAYOUT:-2x4}
-PARTS=${PARTS:-"sweep base ddp peers"}
-[ "$PARTS" = all ] && PARTS="sweep base ddp peers split oneshot single pinned nodes"
+SMALL_LAYOUTS=${SMALL_LAYOUTS:-"2x1 4x1"}
+PARTS=${PARTS:-"small peers ddp"}
+[ "$PARTS" = all ] && PARTS="small sweep base ddp peers split oneshot single pinned nodes"
 OUT=${RESULTS:-results/threads}
 mkdir -p "$OUT"
 first=${LAYOUTS%% *}
@@ -64,6 +69,21 @@ sweep() {  # layout, json name, extra sweep arguments
     run "$layout" -m shmcoll.bench.sweep --rounds 3 --iters-time 0.1 --json "$OUT/$name.json" "$@"
 }
 
+if wants small; then
+    for layout in $SMALL_LAYOUTS; do
+        for build in this ${BASE:+base}; do
+            path=$( [ "$build" = base ] && echo "$(cd "$BASE" && pwd)/src${PYTHONPATH:+:$PYTHONPATH}" \
+                    || echo "${PYTHONPATH:-}" )
+            ranks=${layout%x*} threads=${layout#*x}
+            echo "== small messages at $layout, $build build" >&2
+            for script in floor async; do
+                PYTHONPATH=$path OMP_NUM_THREADS=$threads "$PY" -m torch.distributed.run \
+                    --nproc_per_node="$ranks" bench/bench_$script.py --rounds 3 \
+                    --json "$OUT/$script-$layout-$build.json" | tee "$OUT/$script-$layout-$build.txt"
+            done
+        done
+    done
+fi
 if wants sweep; then
     for layout in $LAYOUTS; do
         sweep "$layout" "sweep-$layout" --min-bytes 64K --max-bytes 64M --step 4 \
