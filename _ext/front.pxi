@@ -22,7 +22,8 @@ cdef enum:
     _ALLGATHER = 2
     _REDUCE_SCATTER = 3
     _KINDS = 4
-    _BARRIER = 4  # its options' asyncOp only
+    _BARRIER = 4  # where the barrier's options keep asyncOp (``async_at``), after the four above
+
 
 cdef inline int64_t _unwrapped(int64_t base, uint32_t step) noexcept nogil:
     """The arena's (unbounded) number of a 32-bit step at or after ``base`` (0: before it, nothing new)."""

@@ -14,9 +14,10 @@ from libc.stdint cimport uint8_t
 
 
 cdef inline const char *_options_value(object opts) noexcept:
-    """The C++ struct behind a pybind11 object of simple layout (a class with one C++ base at most, as every
-    c10d options class is): pybind11's ``instance::simple_value_holder[0]``, the first word after the object's
-    header. An object of another layout fails the probe below, and is never read here."""
+    """The C++ struct behind an object of a pybind11 class of simple layout (one C++ type per object, as every
+    c10d options class has): pybind11's ``instance::simple_value_holder[0]``, the first word after the object's
+    header. ``shmcoll.option_fields`` probes only such classes, and front.pxi reads only objects of exactly
+    the class probed."""
     return (<const char **>(<char *><PyObject *>opts + sizeof(PyObject)))[0]
 
 
