@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import weakref
 import zlib
 
 import torch
@@ -1037,6 +1038,31 @@ def fast_paths(cases):
                 assert took == (1 + async_op if one_lane_bytes else 0), f"{case}: the compiled path took {took} calls"
 
     cases.run("fast_path/every_root", every_root)
+
+    def async_works_reused():
+        # An inline asynchronous call's Work is the engine's spare again once nothing holds it (ProgressEngine.
+        # finished): one its caller still holds, or that a weak reference watches, keeps its own call's result.
+        x, y = torch.ones(3), torch.ones(4)
+        first = dist.all_reduce(x, async_op=True)
+        first_id = id(first)
+        first.wait()
+        del first
+        second = dist.all_reduce(x, async_op=True)
+        assert id(second) == first_id, "a dropped async Work was not reused"
+        third = dist.all_reduce(y, async_op=True)
+        assert third is not second and second.result()[0] is x and third.result()[0] is y, \
+            "a held async Work was reused"
+        watcher = weakref.ref(third)
+        del third
+        fourth = dist.all_reduce(x, async_op=True)
+        watched = watcher()  # gone with the engine's reference, or still its own call's
+        assert watched is not fourth and (watched is None or watched.result()[0] is y), \
+            "a weakly referenced async Work was reused"
+        for work in (second, fourth):
+            work.wait()
+        _equal(x, torch.full((3,), float(world ** 3)), "fast_path/async_works_reused")
+
+    cases.run("fast_path/async_works_reused", async_works_reused)
 
     def late_peer():
         # The last rank comes after several wait slices: the compiled path's first wait gives up and the

@@ -10,8 +10,10 @@ itself (``ProgressEngine.help``).
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 import torch
@@ -222,6 +224,9 @@ class ProgressEngine:
         self._closed = False
         self.on_thread = False  # the collective running now runs on the progress thread
         self._completed = CompletedWork()  # see completed()
+        self._spare = CompletedWork()  # see finished()
+        spare = self._spare
+        self._unheld = self._references(spare)  # its count held by this engine alone, as finished() reads it
 
     def busy(self) -> bool:
         """Something is queued or running. Read without the lock: only the issuing thread
@@ -246,12 +251,28 @@ class ProgressEngine:
 
     def finished(self, result, desc: int, error: BaseException | None = None) -> dist.Work:
         """The Work of an asynchronous call that ran inline: one of its own (the caller may keep several and
-        wait for them later), completed, or failed with ``error`` as one on the progress thread fails."""
+        wait for them later), completed, or failed with ``error`` as one on the progress thread fails.
+
+        A completed one is the engine's spare again where nothing else holds the spare any more: the caller
+        dropped the last one, torch's holder of a Work it was handed (``PyWorkHolder``, a functional
+        collective's) let it go, no weak reference watches it. Making a new one (a pybind object) costs 0.5
+        us, which an 8-byte asynchronous or functional all-reduce felt; nobody can see one reused."""
         if error is None:
-            return CompletedWork(result)
+            spare = self._spare
+            if self._references(spare) == self._unheld and not weakref.getweakrefcount(spare):
+                spare._result = result if result is not None else []
+                return spare
+            self._spare = CompletedWork(result)
+            return self._spare
         work = AsyncWork(result, descriptors.describe(desc))
         work.finish(error)
         return work
+
+    @staticmethod
+    def _references(work) -> int:
+        """``work``'s reference count, read the same way where it is calibrated and where it is compared (an
+        interpreter may count its own references on the stack or not, alike at both)."""
+        return sys.getrefcount(work)
 
     def execute(self, run, result, async_op: bool, describe):
         """Run ``run()`` (which may return a source rank) in order; return its Work."""
