@@ -82,7 +82,7 @@ cdef class SmallCollectives:
     def __init__(self, group, engine, steps, Schedule schedule, dict plans, tuple kinds, tuple options,
                  tuple limits, int count_shift, Py_ssize_t inline_async_bytes, finish_one_shot, finish_run,
                  tensor_type, strided, error_type, profiling, log, barrier_options, uint64_t barrier_desc,
-                 finish_barrier, tuple offsets):
+                 finish_barrier, option_offsets):
         self.state = group._state
         self.engine = engine
         self.steps = steps
@@ -93,11 +93,15 @@ cdef class SmallCollectives:
         self.options = options
         for i in range(_KINDS):
             self.limits[i] = limits[i]
-        for i in range(_KINDS + 1):  # per options type, in the kinds' order, then the barrier's
-            self.async_at[i] = offsets[i]["asyncOp"]
+        # option_offsets(options type) -> {field: offset} (``shmcoll.option_fields.offsets``), for each
+        # collective's options type and then the barrier's
+        for i, options_type in enumerate(options + (barrier_options,)):
+            at = option_offsets(options_type)
+            self.async_at[i] = at["asyncOp"]
             if i < _KINDS:
-                self.op_at[i] = offsets[i].get("reduceOp", -1)
-        self.root_at = offsets[_BROADCAST]["rootRank"]
+                self.op_at[i] = at.get("reduceOp", -1)
+            if i == _BROADCAST:
+                self.root_at = at["rootRank"]
         self.entries = [{} for _ in range(_KINDS)]
         self.keys_per_dtype = max(_OPS, self.size)  # op values, or roots
         self.count_shift = count_shift
@@ -136,6 +140,12 @@ cdef class SmallCollectives:
         if at >= 0:
             return _field(_options_value(opts), at, 1) != 0
         return opts.asyncOp
+
+    cdef int64_t _root(self, opts) except? -1:
+        """A broadcast's root rank."""
+        if self.root_at >= 0:
+            return _field(_options_value(opts), self.root_at, 8)
+        return opts.rootRank
 
     cdef tuple _entry(self, int which, dtype, Py_ssize_t key_value):
         """What a call of collective ``which`` on ``dtype`` (with op value or root ``key_value``) needs, from
@@ -297,8 +307,7 @@ cdef class SmallCollectives:
         tensor = (<list>tensors)[0]
         if not self._plain(tensor):
             return None
-        # a root out of the group's range has no entry
-        cdef int64_t root = _field(_options_value(opts), self.root_at, 8) if self.root_at >= 0 else opts.rootRank
+        cdef int64_t root = self._root(opts)  # a root out of the group's range has no entry
         entry = self._entry(_BROADCAST, tensor.dtype, root)
         if entry is None:
             return None

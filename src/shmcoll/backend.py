@@ -126,9 +126,7 @@ class Collectives:
             tuple(one_lane_bytes[kind] for kind in ("all_reduce", "broadcast", "all_gather", "reduce_scatter")),
             descriptors.COUNT_SHIFT, self._inline_async_bytes, allreduce_algorithm.finish_one_shot,
             schedule_driver.finish_run, _Tensor, _STRIDED, ShmcollError, profiling.active, _log, _BarrierOptions,
-            descriptors.descriptor(descriptors.BARRIER), barrier_algorithm.finish,
-            tuple(option_fields.offsets(options) for options in (
-                _AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions, _BarrierOptions)))
+            descriptors.descriptor(descriptors.BARRIER), barrier_algorithm.finish, option_fields.offsets)
 
     def _compiled_small_transfers(self):
         """The group's first try at send and recv (``ProcessGroupShm``): on one node's arena, a message that moves
