@@ -83,6 +83,9 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
         self._setup(store, rank, size, timeout)
         self._register_backend(_CPU, dist.ProcessGroup.BackendType.CUSTOM,
                                _torch_compat.fail_loud_backend(rank, size))
+        # As c10d's own groups do: torch 2.15 asks every new group for its default backend (to attach its
+        # flight recorder), which a group without one answers with an error.
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
 
     # torch names every group it creates (DeviceMesh, FSDP2 and functional collectives look groups up
     # by name); the base class keeps the name in the group's backends, which the one above provides.
