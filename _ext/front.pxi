@@ -10,6 +10,10 @@
 # ``busy``, the arena's steps; it reads them, it does not decide them again. What it reads of torch's
 # objects is most of what it costs: the options' fields it loads from their C++ structs (options.pxi), the
 # tensor's through its getters.
+#
+# An asynchronous call runs here only as far as it goes without waiting for a peer: its first schedule call
+# waits no longer than the caller's spin budget, and whatever is left is queued for the progress thread
+# (``finish_later``), so a program that issues it and then a call its peers make first does not hang.
 
 
 cdef enum:
@@ -54,17 +58,22 @@ cdef class _Resume:
 cdef class SmallCollectives:
     """The group's all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor run here, where a
     call is plain contiguous CPU tensors of a plan admitted before, of a size the placement runs on one lane
-    of the copy path (the all-reduce: as one one-shot step), inline (synchronous, or asynchronous and at most
-    ``inline_async_bytes``), with no profiler, no DEBUG log and no earlier error; else None.
+    of the copy path (the all-reduce: as one one-shot step), synchronous or asynchronous of at most
+    ``async_try_bytes``, with nothing queued, no profiler, no DEBUG log and no earlier error; else None.
 
     It keeps the group's bookkeeping as ``Collectives._run`` does (its ``GroupState``). A wait that outlasts its
     slice, or a peer in another collective, goes to the Python functions that settle it the slow way
-    (``finish_one_shot``, ``finish_run``)."""
+    (``finish_one_shot``, ``finish_run``, ``finish_barrier``): here for a synchronous call, on the progress
+    thread for an asynchronous one (``finish_later``), whose first schedule call waits only as long as the
+    caller's spin budget.
 
-    cdef object engine, plans, finish_one_shot, finish_run, finish_barrier
+    Made with keywords only, each named as the group's objects it stands for."""
+
+    cdef object engine, plans, finish_one_shot, finish_run, finish_barrier, finish_later
     cdef GroupState state  # the group's (Collectives._state)
     cdef StepCount steps  # the arena's Steps: step (last posted) and all_reached
     cdef object tensor_type, strided, error_type, profiling, log, barrier_options
+    cdef object completed_type, shared_completed, wrappers
     cdef uint64_t barrier_desc
     cdef tuple kinds, options  # per collective (the order above): its descriptor kind, its options' type
     cdef Py_ssize_t limits[_KINDS]  # per collective: the most bytes per rank (reduce-scatter: per block)
@@ -76,13 +85,13 @@ cdef class SmallCollectives:
     cdef dict log_cache
     cdef Schedule schedule
     cdef int count_shift, size, keys_per_dtype
-    cdef Py_ssize_t inline_async_bytes
+    cdef Py_ssize_t async_try_bytes
     cdef readonly Py_ssize_t taken  # calls this path ran (tests check which path ran)
 
-    def __init__(self, group, engine, steps, Schedule schedule, dict plans, tuple kinds, tuple options,
-                 tuple limits, int count_shift, Py_ssize_t inline_async_bytes, finish_one_shot, finish_run,
-                 tensor_type, strided, error_type, profiling, log, barrier_options, uint64_t barrier_desc,
-                 finish_barrier, option_offsets):
+    def __init__(self, group, *, engine, steps, Schedule schedule, dict plans, tuple kinds, tuple options,
+                 tuple limits, int count_shift, Py_ssize_t async_try_bytes, finish_one_shot, finish_run,
+                 finish_barrier, finish_later, tensor_type, strided, error_type, profiling, log, barrier_options,
+                 uint64_t barrier_desc, option_offsets, completed_type, shared_completed, wrappers):
         self.state = group._state
         self.engine = engine
         self.steps = steps
@@ -105,9 +114,11 @@ cdef class SmallCollectives:
         self.entries = [{} for _ in range(_KINDS)]
         self.keys_per_dtype = max(_OPS, self.size)  # op values, or roots
         self.count_shift = count_shift
-        self.inline_async_bytes = inline_async_bytes
+        self.async_try_bytes = async_try_bytes
         self.finish_one_shot = finish_one_shot
         self.finish_run = finish_run
+        self.finish_barrier = finish_barrier
+        self.finish_later = finish_later  # (desc, finish, args, result) -> the Work of the rest, queued
         self.tensor_type = tensor_type
         self.strided = strided
         self.error_type = error_type  # the errors that make the group unusable (ShmcollError)
@@ -115,7 +126,11 @@ cdef class SmallCollectives:
         self.log = log  # where DEBUG is on, the general path logs each collective
         self.barrier_options = barrier_options  # the barrier's options type and its (only) descriptor
         self.barrier_desc = barrier_desc
-        self.finish_barrier = finish_barrier
+        # The Works handed out (``ProgressEngine.completed``): one of its own per call (``completed_type``), but
+        # the shared one, holding nothing, to torch's wrappers (the module ``wrappers`` are the globals of).
+        self.completed_type = completed_type
+        self.shared_completed = shared_completed
+        self.wrappers = wrappers
         # logging's own record of the levels asked about, kept until a level changes: one dict read per call
         # where Logger.isEnabledFor is a Python call
         cached = getattr(log, "_cache", None)
@@ -196,22 +211,34 @@ cdef class SmallCollectives:
         state.desc = desc
         state.in_collective = True  # the arena is in use: teardown must not unmap it under us
 
-    cdef object _settle(self, finish, tuple args, result, uint64_t desc, bint async_op):
-        """``finish(*args)``, the slow rest of a call whose first schedule call did not finish it; None, or the
-        failed Work of an asynchronous call (a synchronous one raises)."""
+    cdef inline int64_t _first_slice(self, bint async_op) noexcept:
+        """Make the schedule's first call of an asynchronous collective wait no longer than the spin budget (the
+        rest is the progress thread's); returns the slice to restore after it."""
+        cdef int64_t slice_ns = self.schedule.s.slice_ns
+        if async_op:
+            self.schedule.s.slice_ns = self.schedule.s.spin_ns
+        return slice_ns
+
+    cdef object _settle(self, finish, tuple args, result, inputs, uint64_t desc, bint async_op):
+        """The slow rest of a call whose first schedule call did not finish it: ``finish(*args)`` here (None;
+        it raises) for a synchronous call, the Work of it queued for the progress thread for an asynchronous
+        one, which keeps ``result`` and ``inputs`` (the call's tensors, which the schedule still reads and
+        writes by address) until it is done."""
+        if async_op:
+            self.state.in_collective = False  # until the engine runs the rest (``Collectives._finish_later``)
+            return self.finish_later(desc, finish, args, result, inputs)
         try:
             finish(*args)
         except Exception as error:
             if isinstance(error, self.error_type):
                 self.state.error = error
-            if not async_op:
-                raise
-            return self.engine.finished(result, desc, error)
+            raise
         finally:
             self.state.in_collective = False
         return None
 
-    cdef object _ran(self, Py_ssize_t status, int64_t base, uint64_t desc, _Resume call, result, bint async_op):
+    cdef object _ran(self, Py_ssize_t status, int64_t base, uint64_t desc, _Resume call, result, inputs,
+                     bint async_op):
         """After the first call of a schedule that started after step ``base``: its record (as
         ``shmcoll.algorithms.schedule.run`` keeps it) where it finished, else ``finish_run`` with ``call``
         (None where it finished); the call's Work."""
@@ -224,21 +251,16 @@ cdef class SmallCollectives:
             if reached > steps.all_reached:
                 steps.all_reached = reached
             self.state.in_collective = False
-        else:
-            failed = self._settle(self.finish_run, (self.steps, self.schedule, desc, call, base, status), result,
-                                  desc, async_op)
-            if failed is not None:
-                return failed
-        return self._work(result, desc, async_op)
+            return self._work(result, async_op)
+        later = self._settle(self.finish_run, (self.steps, self.schedule, desc, call, base, status), result, inputs,
+                             desc, async_op)
+        return later if later is not None else self._work(result, async_op)
 
-    cdef object _work(self, result, uint64_t desc, bint async_op):
-        engine = self.engine
-        if async_op:
-            return engine.finished(result, desc)
-        done = engine._completed  # engine.completed(result), less its Python call
-        done._result = result
-        done._source = -1
-        return done
+    cdef object _work(self, result, bint async_op):
+        """The Work of a call that finished here (``ProgressEngine.completed``'s rule, for a synchronous one)."""
+        if not async_op and called_from(self.wrappers):
+            return self.shared_completed
+        return self.completed_type(result)
 
     # -- the collectives ---------------------------------------------------------
 
@@ -254,7 +276,7 @@ cdef class SmallCollectives:
             return None
         cdef Py_ssize_t count = tensor.numel(), itemsize = entry[2]
         cdef bint async_op = self._async_op(_ALLREDUCE, opts)
-        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and count * itemsize > self.inline_async_bytes)
+        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and count * itemsize > self.async_try_bytes)
                 or not self._may_start()):
             return None
         cdef int64_t step = self.steps.step + 1
@@ -264,20 +286,20 @@ cdef class SmallCollectives:
         cdef int64_t op = entry[4]
         cdef double scale = entry[5]
         cdef Py_ssize_t status
+        cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)
         with nogil:
             status = one_shot(&self.schedule.s, <uint32_t>step, desc, <char *>addr, count, <int>itemsize, kernel,
                               op, scale, False)
+        self.schedule.s.slice_ns = slice_ns
         if status == STATUS_DONE:  # steps.record_schedule(step, step), less its Python call
             self.steps.step = step
             self.steps.all_reached = step
             self.state.in_collective = False
-        else:
-            failed = self._settle(self.finish_one_shot, (self.steps, step, status, desc, addr, count, itemsize,
-                                                         entry[3], op, scale), tensors, desc, async_op)
-            if failed is not None:
-                return failed
-        return self._work(tensors, desc, async_op)
+            return self._work(tensors, async_op)
+        later = self._settle(self.finish_one_shot, (self.steps, step, status, desc, addr, count, itemsize, entry[3],
+                                                    op, scale), tensors, tensors, desc, async_op)
+        return later if later is not None else self._work(tensors, async_op)
 
     def barrier(self, opts):
         """``group.barrier(opts)`` as one step, or None."""
@@ -287,18 +309,18 @@ cdef class SmallCollectives:
         cdef int64_t step = self.steps.step + 1
         cdef uint64_t desc = self.barrier_desc
         cdef Py_ssize_t status
+        cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)
         with nogil:
             status = barrier(&self.schedule.s, <uint32_t>step, desc)
+        self.schedule.s.slice_ns = slice_ns
         self.steps.step = step  # posted (steps.record_schedule, less its Python call)
         if status == STATUS_DONE:
             self.steps.all_reached = step
             self.state.in_collective = False
-        else:
-            failed = self._settle(self.finish_barrier, (self.steps, step, desc), [], desc, async_op)
-            if failed is not None:
-                return failed
-        return self._work([], desc, async_op)
+            return self._work([], async_op)
+        later = self._settle(self.finish_barrier, (self.steps, step, desc), [], [], desc, async_op)
+        return later if later is not None else self._work([], async_op)
 
     def broadcast(self, tensors, opts):
         """``group.broadcast(tensors, opts)`` on one lane of the copy path, or None."""
@@ -313,18 +335,20 @@ cdef class SmallCollectives:
             return None
         cdef Py_ssize_t count = tensor.numel(), nbytes = count * <Py_ssize_t>entry[2]
         cdef bint async_op = self._async_op(_BROADCAST, opts)
-        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and nbytes > self.inline_async_bytes)
+        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and nbytes > self.async_try_bytes)
                 or not self._may_start()):
             return None
         cdef int64_t base = self.steps.step
         cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
         cdef uintptr_t addr = tensor.data_ptr()
         cdef Py_ssize_t status
+        cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)
         with nogil:
             status = broadcast(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, <int>root, -1)
+        self.schedule.s.slice_ns = slice_ns
         return self._ran(status, base, desc, None if status == STATUS_DONE else
-                         _Resume(self.schedule.broadcast, (desc, addr, nbytes, root)), tensors, async_op)
+                         _Resume(self.schedule.broadcast, (desc, addr, nbytes, root)), tensors, tensors, async_op)
 
     def allgather_into(self, output, input, opts):
         """``group.all_gather_single(output, input, opts)`` on one lane of the copy path, or None."""
@@ -339,17 +363,20 @@ cdef class SmallCollectives:
         cdef Py_ssize_t count = input.numel(), nbytes = count * <Py_ssize_t>entry[2]
         cdef bint async_op = self._async_op(_ALLGATHER, opts)
         if (count <= 0 or count > <Py_ssize_t>entry[1] or output.numel() != count * self.size
-                or (async_op and nbytes > self.inline_async_bytes) or not self._may_start()):
+                or (async_op and nbytes > self.async_try_bytes) or not self._may_start()):
             return None
         cdef int64_t base = self.steps.step
         cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
         cdef uintptr_t addr = input.data_ptr(), out = output.data_ptr()
         cdef Py_ssize_t status
+        cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)
         with nogil:
             status = allgather(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, <char *>out, nbytes, -1)
+        self.schedule.s.slice_ns = slice_ns
         return self._ran(status, base, desc, None if status == STATUS_DONE else
-                         _Resume(self.schedule.allgather, (desc, addr, nbytes, out, nbytes)), [output], async_op)
+                         _Resume(self.schedule.allgather, (desc, addr, nbytes, out, nbytes)), [output], [input],
+                         async_op)
 
     def reduce_scatter(self, output, input, opts):
         """``group.reduce_scatter_single(output, input, opts)`` on one lane of the copy path, or None."""
@@ -364,7 +391,7 @@ cdef class SmallCollectives:
         cdef Py_ssize_t count = output.numel(), itemsize = entry[2]
         cdef bint async_op = self._async_op(_REDUCE_SCATTER, opts)
         if (count <= 0 or count > <Py_ssize_t>entry[1] or input.numel() != count * self.size
-                or (async_op and count * itemsize * self.size > self.inline_async_bytes) or not self._may_start()):
+                or (async_op and count * itemsize * self.size > self.async_try_bytes) or not self._may_start()):
             return None
         cdef int64_t base = self.steps.step
         cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
@@ -373,11 +400,13 @@ cdef class SmallCollectives:
         cdef int64_t op = entry[4]
         cdef double scale = entry[5]
         cdef Py_ssize_t status
+        cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)
         with nogil:
             status = reduce_scatter(&self.schedule.s, <uint32_t>base, desc, <char *>addr, count, count, <int>itemsize,
                                     <char *>out, apart(out, addr, count, count, <int>itemsize, self.size),
                                     <kernel_t>kernel, op, scale, -1)
+        self.schedule.s.slice_ns = slice_ns
         return self._ran(status, base, desc, None if status == STATUS_DONE else
                          _Resume(self.schedule.reduce_scatter, (desc, addr, count, count, itemsize, out, kernel, op,
-                                                                scale)), [output], async_op)
+                                                                scale)), [output], [input], async_op)

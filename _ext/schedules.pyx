@@ -30,6 +30,7 @@ from schedule cimport (kernel_t, task_t, sched_t, MAX_POOL_LANES, STATUS_DONE, S
                        STATUS_SIZES, STATUS_CANCELLED)
 
 include "lines.pxi"
+include "callers.pxi"
 include "steps.pxi"
 include "allreduce.pxi"
 include "reduce_scatter.pxi"

@@ -915,8 +915,8 @@ def fast_paths(cases):
     pg._launch = lambda *args, **kwargs: launches.append(1) or general(*args, **kwargs)
 
     def own_work(case, work):
-        # an asynchronous call's Work is its own (the synchronous ones share one completed Work)
-        assert work is not pg._engine._completed, f"{case}: an async call returned the shared completed Work"
+        # an asynchronous call's Work is its own (torch's synchronous wrappers share one completed Work)
+        assert work is not pg._engine.shared_completed, f"{case}: an async call returned the shared completed Work"
         work.wait()
 
     def all_reduce(case, dtype, count, op_name, async_op, make=torch.Tensor):
@@ -1029,40 +1029,33 @@ def fast_paths(cases):
                               else torch.zeros(5, dtype=torch.int64))
                     work = dist.broadcast(tensor, root, async_op=async_op)
                     if async_op:
+                        work.wait()
                         later = torch.zeros(3)
                         dist.all_reduce(later)  # runs inline too, after the broadcast's Work was made
                         assert work.result()[0] is tensor, f"{case}: the async Work's result is another call's"
-                        work.wait()
                     _equal(tensor, make_input(case, root, torch.int64, 5), case)
                 took = (pg._small.taken - before) if compiled is not None else 0
                 assert took == (1 + async_op if one_lane_bytes else 0), f"{case}: the compiled path took {took} calls"
 
     cases.run("fast_path/every_root", every_root)
 
-    def async_works_reused():
-        # An inline asynchronous call's Work is the engine's spare again once nothing holds it (ProgressEngine.
-        # finished): one its caller still holds, or that a weak reference watches, keeps its own call's result.
+    def async_works_own():
+        # Every asynchronous call gets a Work of its own, whichever path ran it; one the caller dropped is not
+        # handed out again (nothing can observe it, but nothing of it is kept either: tests/async_scenarios.py).
         x, y = torch.ones(3), torch.ones(4)
-        first = dist.all_reduce(x, async_op=True)
-        first_id = id(first)
-        first.wait()
-        del first
-        second = dist.all_reduce(x, async_op=True)
-        assert id(second) == first_id, "a dropped async Work was not reused"
-        third = dist.all_reduce(y, async_op=True)
-        assert third is not second and second.result()[0] is x and third.result()[0] is y, \
-            "a held async Work was reused"
-        watcher = weakref.ref(third)
-        del third
-        fourth = dist.all_reduce(x, async_op=True)
-        watched = watcher()  # gone with the engine's reference, or still its own call's
-        assert watched is not fourth and (watched is None or watched.result()[0] is y), \
-            "a weakly referenced async Work was reused"
-        for work in (second, fourth):
+        works = [dist.all_reduce(x, async_op=True), dist.all_reduce(y, async_op=True)]
+        first = weakref.ref(works[0])
+        works[0].wait()
+        del works[0]
+        works.append(dist.all_reduce(x, async_op=True))
+        assert first() is None or all(w is not first() for w in works), "a dropped async Work was handed out again"
+        assert works[0] is not works[1] and works[0].result()[0] is y and works[1].result()[0] is x, \
+            "an async Work is another call's"
+        for work in works:
             work.wait()
-        _equal(x, torch.full((3,), float(world ** 3)), "fast_path/async_works_reused")
+        _equal(x, torch.full((3,), float(world ** 2)), "fast_path/async_works_own")
 
-    cases.run("fast_path/async_works_reused", async_works_reused)
+    cases.run("fast_path/async_works_own", async_works_own)
 
     def late_peer():
         # The last rank comes after several wait slices: the compiled path's first wait gives up and the

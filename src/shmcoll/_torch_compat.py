@@ -19,10 +19,11 @@ import threading
 
 import torch
 from torch._C import _distributed_c10d as c10d
+from torch.distributed import distributed_c10d
 
 from shmcoll._logging import log
 
-__all__ = ["AllgatherOptions", "NEWEST_TESTED", "premul_factor", "skip_dynamo", "fail_loud_backend", "untested",
+__all__ = ["AllgatherOptions", "COLLECTIVE_WRAPPERS", "NEWEST_TESTED", "premul_factor", "skip_dynamo", "fail_loud_backend", "untested",
            "warn_if_untested"]
 
 # (major, minor) of the newest torch the whole test suite has passed on (docs/DESIGN.md lists each
@@ -33,6 +34,12 @@ _warned = threading.Lock()  # held for good once the warning is out: once per pr
 
 # Not re-exported by torch.distributed in every version.
 AllgatherOptions = c10d.AllgatherOptions
+
+# The globals of torch's collective wrappers (``dist.all_reduce`` and the rest), which wait for a synchronous
+# Work and drop it, never asking it for more: such a call may get a Work shared by all of them
+# (``shmcoll.work.ProgressEngine.completed``). Were the wrappers to move, every call would get a Work of its own:
+# slower, never wrong.
+COLLECTIVE_WRAPPERS = vars(distributed_c10d)
 
 
 def premul_factor(redop) -> float:

@@ -119,14 +119,19 @@ class Collectives:
         if one_lane_bytes is None:
             return _TakesNone()
         arena = self._placement.arena
+        kinds = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
         return _schedules.SmallCollectives(
-            self, self._engine, arena, arena.schedule, self._fast_plans,
-            (descriptors.ALLREDUCE, descriptors.BROADCAST, descriptors.ALLGATHER, descriptors.REDUCE_SCATTER),
-            (_AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions),
-            tuple(one_lane_bytes[kind] for kind in ("all_reduce", "broadcast", "all_gather", "reduce_scatter")),
-            descriptors.COUNT_SHIFT, self._inline_async_bytes, allreduce_algorithm.finish_one_shot,
-            schedule_driver.finish_run, _Tensor, _STRIDED, ShmcollError, profiling.active, _log, _BarrierOptions,
-            descriptors.descriptor(descriptors.BARRIER), barrier_algorithm.finish, option_fields.offsets)
+            self, engine=self._engine, steps=arena, schedule=arena.schedule, plans=self._fast_plans,
+            kinds=(descriptors.ALLREDUCE, descriptors.BROADCAST, descriptors.ALLGATHER, descriptors.REDUCE_SCATTER),
+            options=(_AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions),
+            limits=tuple(one_lane_bytes[kind] for kind in kinds), count_shift=descriptors.COUNT_SHIFT,
+            async_try_bytes=self._placement.async_try_bytes, finish_one_shot=allreduce_algorithm.finish_one_shot,
+            finish_run=schedule_driver.finish_run, finish_barrier=barrier_algorithm.finish,
+            finish_later=self._finish_later, tensor_type=_Tensor, strided=_STRIDED, error_type=ShmcollError,
+            profiling=profiling.active, log=_log, barrier_options=_BarrierOptions,
+            barrier_desc=descriptors.descriptor(descriptors.BARRIER), option_offsets=option_fields.offsets,
+            completed_type=CompletedWork, shared_completed=self._engine.shared_completed,
+            wrappers=_torch_compat.COLLECTIVE_WRAPPERS)
 
     def _compiled_small_transfers(self):
         """The group's first try at send and recv (``ProcessGroupShm``): on one node's arena, a message that moves
@@ -169,10 +174,15 @@ class Collectives:
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("rank %d: %s #%d", self._rank, descriptors.describe(desc), state.seq)
 
-    def _run(self, desc: int, body, inputs, event=None) -> None:
+    def _run(self, desc: int, body, inputs, event=None, started: bool = False) -> None:
         """Run ``body`` as collective ``desc`` of ``inputs``; a failure of ours makes the group unusable. Its
-        profiler event (``profiling``) is ``event`` where the issuing thread began it, else one begun here."""
-        self._start(desc)
+        profiler event (``profiling``) is ``event`` where the issuing thread began it, else one begun here.
+        ``started``: its first part ran already (the compiled small collectives counted it and began it)."""
+        if started:
+            self._check_usable()
+            self._state.desc = desc
+        else:
+            self._start(desc)
         self._state.in_collective = True  # the arena is in use: teardown must not unmap it under us
         if event is None and _profiling():  # a function call less per collective when no profiler is on
             event = profiling.start(desc, inputs, self._size)
@@ -188,13 +198,19 @@ class Collectives:
 
     def _launch(self, desc: int, body, result, opts, nbytes: int | None = None, inputs=None):
         """Run ``body()`` as collective ``desc`` in issue order; return its Work (with ``result``). ``nbytes``:
-        what this rank brings to it, if one number says (an asynchronous call that small runs inline);
-        ``inputs``: its input tensors, for the profiler (default: ``result``)."""
+        what this rank brings to it, if one number says (an asynchronous call that small runs inline where it
+        waits for no peer: ``_inline``); ``inputs``: its input tensors, for the profiler (default: ``result``)."""
         inputs = result if inputs is None else inputs
-        now = self._inline(_is_async(opts), nbytes)
+        async_op = _is_async(opts)
+        now = self._inline(async_op, nbytes)
         if now is not None:
             return now(desc, body, result, inputs)
-        event = profiling.start(desc, inputs, self._size)  # on this thread: see profiling
+        return self._queued(desc, body, result, inputs, async_op, profiling.start(desc, inputs, self._size))
+
+    def _queued(self, desc: int, body, result, inputs, async_op: bool, event=None, started: bool = False):
+        """Run ``body()`` as collective ``desc`` through the engine, in issue order: on the progress thread, or
+        on a caller's that waits for it (``ProgressEngine.help``); its Work. ``event``: its profiler event, begun
+        by the issuing thread; ``started``: as ``_run`` takes it."""
         ran = []
 
         def run():
@@ -204,25 +220,35 @@ class Collectives:
             if background:
                 self._placement.set_background(True)
             try:
-                self._run(desc, body, inputs, event)
+                self._run(desc, body, inputs, event, started)
             finally:
                 if background:
                     self._placement.set_background(False)
 
         try:
-            return self._engine.execute(run, result, _is_async(opts), lambda: descriptors.describe(desc))
+            return self._engine.execute(run, result, async_op, lambda: descriptors.describe(desc))
         except BaseException:
             if not ran:  # refused (the group was shut down): its event ends here
                 profiling.end(event)
             raise
+
+    def _finish_later(self, desc: int, finish, args: tuple, result, inputs):
+        """The rest of an asynchronous collective that the compiled small collectives began and could not end
+        without waiting for a peer: ``finish(*args)``, queued in issue order (nothing was queued when it began)
+        for the progress thread; its Work, which keeps ``result``, and the queued job ``inputs``, the tensors
+        the rest reads by address, until it has run. An asynchronous call never waits for a peer on the
+        issuing thread."""
+        return self._queued(desc, lambda: finish(*args), result, inputs, True, started=True)
 
     def _inline(self, async_op: bool, nbytes: int | None):
         """How a call runs on the issuing thread, if it does: ``_now`` or ``_now_async``; None: in the engine.
 
         Only with nothing queued (torch's wrappers, as the fast paths assume, issue from one thread). A
         synchronous call then runs here, without the engine's hand-off and lock (1-2 us of an all_gather
-        that single copy finishes in 4); so does an asynchronous one of at most ``inline_async_bytes``
-        (``nbytes``: what this rank brings; None: unknown), too small for overlap to pay for the hand-off."""
+        that single copy finishes in 4); an asynchronous one only where it waits for no peer: at most the
+        placement's ``inline_async_bytes`` (``nbytes``: what this rank brings; None: unknown), which is every
+        size on one rank and none elsewhere (on one node the compiled small collectives run an asynchronous
+        call as far as it goes without waiting, ``_finish_later`` the rest)."""
         if self._engine.busy():
             return None
         if not async_op:
@@ -235,9 +261,9 @@ class Collectives:
         return self._engine.completed(result)
 
     def _now_async(self, desc: int, body, result, inputs=None):
-        """``_now`` for an asynchronous call: a Work of its own, which the caller may keep and wait for
-        later; a failure reaches the caller through it, as from the progress thread (``wait()`` and the
-        future raise it), not from the call."""
+        """``_now`` for an asynchronous call that waits for no peer: a Work of its own, which the caller may keep
+        and wait for later; a failure reaches the caller through it, as from the progress thread (``wait()``
+        and the future raise it), not from the call."""
         try:
             self._run(desc, body, result if inputs is None else inputs)
         except Exception as error:

@@ -10,16 +10,15 @@ itself (``ProgressEngine.help``).
 from __future__ import annotations
 
 import collections
-import sys
 import threading
 import time
-import weakref
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from shmcoll import descriptors, profiling
+from shmcoll import _torch_compat, descriptors, profiling
+from shmcoll._callers import caller_is
 
 
 class CompletedWork(dist.Work):
@@ -223,10 +222,7 @@ class ProgressEngine:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.on_thread = False  # the collective running now runs on the progress thread
-        self._completed = CompletedWork()  # see completed()
-        self._spare = CompletedWork()  # see finished()
-        spare = self._spare
-        self._unheld = self._references(spare)  # its count held by this engine alone, as finished() reads it
+        self._completed = CompletedWork()  # see completed(): holds nothing
 
     def busy(self) -> bool:
         """Something is queued or running. Read without the lock: only the issuing thread
@@ -239,40 +235,33 @@ class ProgressEngine:
         return bool(self._queue) or self._running
 
     def completed(self, result, source: int | None = None) -> CompletedWork:
-        """The Work of a synchronous call that finished inline: one object, reused.
+        """The Work of a synchronous call that finished inline.
 
-        torch's wrapper only waits on such a Work and drops it, and making a new one
-        (a pybind object) costs about a microsecond per call.
+        torch's own wrappers (``dist.all_reduce`` and the rest) wait for a synchronous Work and drop it: they
+        get the engine's one completed Work, which holds nothing, since making a Work (a pybind11 object) costs
+        more than the rest of an 8-byte collective's own work. Any other caller (the group's method called
+        directly) may keep its Work and ask for its result: it gets one of its own (``shmcoll._callers``).
         """
-        done = self._completed
-        done._result = result if result is not None else []
-        done._source = -1 if source is None else source
-        return done
+        if caller_is(_torch_compat.COLLECTIVE_WRAPPERS):
+            return self._completed
+        return CompletedWork(result, -1 if source is None else source)
 
-    def finished(self, result, desc: int, error: BaseException | None = None) -> dist.Work:
-        """The Work of an asynchronous call that ran inline: one of its own (the caller may keep several and
-        wait for them later), completed, or failed with ``error`` as one on the progress thread fails.
+    @property
+    def shared_completed(self) -> CompletedWork:
+        """The one completed Work that ``completed`` hands torch's wrappers (the compiled small collectives hand
+        it out by the same rule, in C)."""
+        return self._completed
 
-        A completed one is the engine's spare again where nothing else holds the spare any more: the caller
-        dropped the last one, torch's holder of a Work it was handed (``PyWorkHolder``, a functional
-        collective's) let it go, no weak reference watches it. Making a new one (a pybind object) costs 0.5
-        us, which an 8-byte asynchronous or functional all-reduce felt; nobody can see one reused."""
+    @staticmethod
+    def finished(result, desc: int, error: BaseException | None = None) -> dist.Work:
+        """The Work of an asynchronous call that ran inline (where it waits for no peer): a completed one of its
+        own (the caller may keep several and wait for them later), or one failed with ``error`` as one on the
+        progress thread fails (``wait()`` and its future raise it)."""
         if error is None:
-            spare = self._spare
-            if self._references(spare) == self._unheld and not weakref.getweakrefcount(spare):
-                spare._result = result if result is not None else []
-                return spare
-            self._spare = CompletedWork(result)
-            return self._spare
+            return CompletedWork(result)
         work = AsyncWork(result, descriptors.describe(desc))
         work.finish(error)
         return work
-
-    @staticmethod
-    def _references(work) -> int:
-        """``work``'s reference count, read the same way where it is calibrated and where it is compared (an
-        interpreter may count its own references on the stack or not, alike at both)."""
-        return sys.getrefcount(work)
 
     def execute(self, run, result, async_op: bool, describe):
         """Run ``run()`` (which may return a source rank) in order; return its Work."""
@@ -314,6 +303,8 @@ class ProgressEngine:
                 self._running = True  # before the queue shrinks: see busy()
                 run, work = self._queue.popleft()
             self._run_taken(run, work, on_thread=True)
+            # Idle for long maybe: keep no collective's closure (its tensors) or Work alive meanwhile.
+            del run, work
 
     def help(self, work: AsyncWork) -> None:
         """Run on this thread, in issue order, the queued collectives up to ``work`` that the progress thread has

@@ -127,9 +127,9 @@ QUOTES = {
                                           rf"within one slot and within {SIZE} / L\^2 for L local ranks"),
     "the fewest ranks under the default one-shot limit": (
         _least_ranks_under_small, rf"with the defaults is less from {NUMBER} local ranks on"),
-    "an inline asynchronous call on one node": (
-        lambda: node.OneNode.inline_async_bytes,
-        rf"`inline_async_bytes` per rank \({SIZE} on one node, none across nodes,"),
+    "an asynchronous call tried inline on one node": (
+        lambda: node.OneNode.async_try_bytes,
+        rf"asynchronous of at\s+most `async_try_bytes` per rank \({SIZE} on one node\)"),
     "all_reduce's single-copy span, in MiB": (
         lambda: tuple(n / MiB for n in node.SINGLE_COPY_SPANS["all_reduce"]),
         r"in single copy's span \((\d+)-(\d+) MiB, see"),
@@ -203,7 +203,8 @@ def test_a_third_of_the_timeout_warns_first():
 
 
 def test_inline_async_bytes_across_nodes_and_on_one_rank():
-    assert "(256 KiB on one node, none across nodes, every one on a single rank)" in design_text()
+    assert "(none on one node, none across nodes, every one on a single rank)" in design_text()
+    assert node.OneNode.inline_async_bytes == 0
     assert Nodes.inline_async_bytes == 0
     assert single.SingleRank.inline_async_bytes >= 1 << 62
 

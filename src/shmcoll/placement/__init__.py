@@ -23,7 +23,9 @@ Each offers the same methods, with the same arguments::
       of its arena (the all-reduce: one one-shot step), which the group's compiled small collectives run
       themselves (shmcoll._schedules.SmallCollectives)
   inline_async_bytes: an asynchronous collective of at most this many bytes per rank runs inline when nothing
-      is queued (too small for overlap to pay for the progress thread's hand-off)
+      is queued: only where it waits for no peer (one rank: every size; elsewhere 0)
+  async_try_bytes (OneNode only): an asynchronous collective of at most this many bytes per rank that the
+      compiled small collectives take runs there as far as it goes without waiting, the rest queued
   allgather_windows(input, unit, consume, desc): the all-gather of ``input`` handed to
       consume(start, n, addresses) window by window, each window a multiple of ``unit`` bytes of every
       rank's input (rank r's bytes [start, start + n) at addresses[r], readable until consume returns):

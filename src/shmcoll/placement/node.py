@@ -93,11 +93,14 @@ class OnArena:
 class OneNode(OnArena):
     """The group's placement when all its ranks share one arena."""
 
-    # An asynchronous collective of at most this many bytes per rank runs inline, as a synchronous one does:
-    # handing it to the progress thread and waking the caller's wait cost 100-200 us on the 2-core VM, more
-    # than a 256 KiB all-reduce takes (45 us), so overlap could not pay for it (BENCHMARKS.md, "Asynchronous
-    # and functional calls").
-    inline_async_bytes = 256 << 10
+    # No asynchronous collective runs inline on the Python path: it would wait for its peers there, and an
+    # asynchronous call must not (a program that issues it and then a call its peers make first would hang).
+    inline_async_bytes = 0
+    # One of at most this many bytes per rank that the compiled small collectives take runs there as far as it
+    # goes without waiting for a peer, the rest on the progress thread: handing a whole collective to the thread
+    # and waking the caller's wait cost 100-200 us on the 2-core VM, more than a 256 KiB all-reduce takes
+    # (45 us), so overlap could not pay for it (BENCHMARKS.md, "Asynchronous and functional calls").
+    async_try_bytes = 256 << 10
 
     def __init__(self, arena, rank: int, settings, waits, lanes, single_copy):
         self.arena = arena

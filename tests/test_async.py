@@ -1,0 +1,19 @@
+"""Asynchronous calls never wait for peers, a Work per call, nothing held after use (tests.async_scenarios),
+on shm and on Gloo groups in the same job, at 2, 3 and 4 ranks on one node."""
+import pytest
+
+from shmcoll.placement.node import OneNode
+from tests.harness import assert_job_passes, spawn
+
+P2P_BYTES = 64 << 10
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_async_semantics(world_size):
+    result = spawn("tests.async_scenarios:async_semantics", world_size, env={"SHMCOLL_P2P_BYTES": str(P2P_BYTES)},
+                   args=[str(OneNode.async_try_bytes), str(P2P_BYTES)])
+    # crossed: 10 collectives x 4 sizes + the barrier, on 2 backends; async_then_recv: 6 sizes x 2; late_peers:
+    # 4 collectives x 3 sizes x 2 calls; works_per_call: 8; released: 14 calls (send_recv at even sizes only) x 2
+    # sizes x 2 ways x 2 calls
+    released = (14 if world_size % 2 == 0 else 13) * 8
+    assert_job_passes(result, min_cases=2 * (10 * 4 + 1) + 12 + 24 + 8 + released)
