@@ -139,9 +139,12 @@ cdef class SmallCollectives:
     # -- what every call checks ------------------------------------------------
 
     cdef inline bint _plain(self, tensor):
-        """A dense contiguous CPU ``torch.Tensor`` (no subclass: one may override what the checks rely on)."""
+        """A dense contiguous CPU ``torch.Tensor`` (no subclass: one may override what the checks rely on) whose
+        memory holds the values torch shows: not a lazily negated view (``staging.shows_other_values``; the
+        general path reads and writes those through stand-ins; a conjugated one is complex, which ``_entry``
+        leaves to it too)."""
         return (type(tensor) is self.tensor_type and tensor.is_cpu and tensor.layout is self.strided
-                and tensor.is_contiguous())
+                and tensor.is_contiguous() and not tensor.is_neg())
 
     cdef Py_ssize_t _op_value(self, int which, opts) except? -1:
         """The value of the call's ReduceOp (its ``RedOpType``; ``hash`` gives it, ``Collectives._admit``)."""
@@ -178,7 +181,9 @@ cdef class SmallCollectives:
             return None
         desc_base, red, _ = plan
         itemsize = dtype.itemsize
-        most = self.limits[which] // itemsize
+        # Complex tensors go the general way: a conjugated view (the conj bit) holds other values than torch shows,
+        # and asking every call's tensor (is_conj) would cost the other dtypes' calls.
+        most = 0 if dtype.is_complex else self.limits[which] // itemsize
         if red is None:
             entry = (desc_base, most, itemsize, 0, 0, 1.0)
         else:

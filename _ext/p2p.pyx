@@ -226,8 +226,10 @@ cdef class SmallTransfers:
         self.completed = completed
 
     cdef inline bint _plain(self, tensor):
+        """As the compiled collectives' (``front.pxi``): no lazily negated or conjugated view, which the Python
+        path reads and writes through stand-ins."""
         return (type(tensor) is self.tensor_type and tensor.is_cpu and tensor.layout is self.strided
-                and tensor.is_contiguous())
+                and tensor.is_contiguous() and not tensor.is_neg() and not tensor.is_conj())
 
     cdef object _tensor(self, tensors, peer, tag):
         """The call's one tensor, where this path may take it; else None."""

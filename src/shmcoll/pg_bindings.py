@@ -31,8 +31,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from shmcoll import _torch_compat, checks
+from shmcoll import _torch_compat, checks, staging
 from shmcoll.backend import Collectives
+from shmcoll.work import WritingBack
 
 _CPU = torch.device("cpu")
 
@@ -60,19 +61,32 @@ def _first_tensor(args):
     return None
 
 
-def _routes_devices(method, name: str | None = None):
-    """Send calls on non-CPU tensors to the group's backend for that device (its method ``name``, by default
-    the decorated one's)."""
+def _general_path(method=None, *, name: str | None = None, writes: int | None = 0):
+    """A c10d method's way into ``Collectives``, for the calls the compiled paths do not take.
+
+    Calls on non-CPU tensors go to the group's backend for that device (its method ``name``, by default the
+    decorated one's). Tensors whose memory holds other values than torch shows (lazily negated or conjugated
+    views, ``staging.shows_other_values``) are read through copies that hold the values torch shows, and those
+    of the argument at index ``writes`` (the outputs, in place or not; None: the call writes none) are copied
+    back once the call is done (``work.WritingBack``): the algorithms read and write raw memory.
+    """
+    if method is None:
+        return functools.partial(_general_path, name=name, writes=writes)
     name = name or method.__name__
 
     @functools.wraps(method)
-    def route(self, *args, **kwargs):
+    def general(self, *args, **kwargs):
         tensor = _first_tensor(args)
         if tensor is not None and not tensor.is_cpu:
             return self._on_device(tensor.device, name, args, kwargs)
-        return method(self, *args, **kwargs)
+        swapped = staging.resolved(args, writes)
+        if swapped is None:
+            return method(self, *args, **kwargs)
+        stand_ins, write_back = swapped
+        work = method(self, *stand_ins, **kwargs)
+        return WritingBack(work, write_back, _listed(args[writes])) if write_back else work
 
-    return route
+    return general
 
 
 class ProcessGroupShm(Collectives, dist.ProcessGroup):
@@ -109,17 +123,17 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
         work = self._small.allreduce(tensors, opts)
         return self._allreduce_any(tensors, opts, timeout) if work is None else work
 
-    @functools.partial(_routes_devices, name="allreduce")
+    @_general_path(name="allreduce")
     def _allreduce_any(self, tensors, opts=None, timeout=None):
         if type(opts) is not dist.AllreduceOptions and opts is not None:  # allreduce(tensors, op[, timeout])
             opts = _options(dist.AllreduceOptions, timeout, reduceOp=opts)
         return Collectives.allreduce(self, _listed(tensors), opts)
 
-    @_routes_devices
+    @_general_path
     def allreduce_coalesced(self, tensors, opts=None):
         return Collectives.allreduce_coalesced(self, tensors, opts)
 
-    @_routes_devices
+    @_general_path
     def reduce(self, tensors, opts=None, op=dist.ReduceOp.SUM, timeout=None):
         if not isinstance(opts, (dist.ReduceOptions, type(None))):  # reduce(tensor, root[, op, timeout])
             opts = _options(dist.ReduceOptions, timeout, rootRank=opts, reduceOp=op)
@@ -129,13 +143,13 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
         work = self._small.broadcast(tensors, opts)
         return self._broadcast_any(tensors, opts, timeout) if work is None else work
 
-    @functools.partial(_routes_devices, name="broadcast")
+    @_general_path(name="broadcast")
     def _broadcast_any(self, tensors, opts=None, timeout=None):
         if not isinstance(opts, (dist.BroadcastOptions, type(None))):  # broadcast(tensor, root[, timeout])
             opts = _options(dist.BroadcastOptions, timeout, rootRank=opts)
         return Collectives.broadcast(self, _listed(tensors), opts)
 
-    @_routes_devices
+    @_general_path
     def allgather(self, output_tensors, input_tensors, opts=None):
         if isinstance(input_tensors, torch.Tensor):  # allgather(outputs, input[, timeout])
             output_tensors, input_tensors = [output_tensors], [input_tensors]
@@ -146,37 +160,37 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
         work = self._small.allgather_into(output, input, opts)
         return self._all_gather_single_any(output, input, opts) if work is None else work
 
-    @functools.partial(_routes_devices, name="all_gather_single")
+    @_general_path(name="all_gather_single")
     def _all_gather_single_any(self, output, input, opts=None):
         return Collectives.all_gather_single(self, output, input, opts)
 
     _allgather_base = all_gather_single
 
-    @_routes_devices
+    @_general_path
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         return Collectives.allgather_coalesced(self, output_lists, input_list, opts)
 
-    @_routes_devices
+    @_general_path
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return Collectives.allgather_into_tensor_coalesced(self, outputs, inputs, opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
-    @_routes_devices
+    @_general_path
     def gather(self, output_tensors, input_tensors, opts=None, timeout=None):
         if isinstance(input_tensors, torch.Tensor):  # gather(outputs, input, root[, timeout])
             output_tensors, input_tensors = [output_tensors] if output_tensors else [], [input_tensors]
             opts = _options(dist.GatherOptions, timeout, rootRank=opts)
         return Collectives.gather(self, output_tensors, input_tensors, opts)
 
-    @_routes_devices
+    @_general_path
     def scatter(self, output_tensors, input_tensors, opts=None, timeout=None):
         if isinstance(output_tensors, torch.Tensor):  # scatter(output, inputs, root[, timeout])
             output_tensors, input_tensors = [output_tensors], [input_tensors] if input_tensors else []
             opts = _options(dist.ScatterOptions, timeout, rootRank=opts)
         return Collectives.scatter(self, output_tensors, input_tensors, opts)
 
-    @_routes_devices
+    @_general_path
     def reduce_scatter(self, output_tensors, input_tensors, opts=None, timeout=None):
         if isinstance(output_tensors, torch.Tensor):  # reduce_scatter(output, inputs[, op, timeout])
             output_tensors, input_tensors = [output_tensors], [input_tensors]
@@ -188,23 +202,23 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
         work = self._small.reduce_scatter(output, input, opts)
         return self._reduce_scatter_single_any(output, input, opts) if work is None else work
 
-    @functools.partial(_routes_devices, name="reduce_scatter_single")
+    @_general_path(name="reduce_scatter_single")
     def _reduce_scatter_single_any(self, output, input, opts=None):
         return Collectives.reduce_scatter_single(self, output, input, opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
-    @_routes_devices
+    @_general_path
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         return Collectives.reduce_scatter_tensor_coalesced(self, outputs, inputs, opts)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
-    @_routes_devices
+    @_general_path
     def alltoall(self, output_tensors, input_tensors, opts=None):
         return Collectives.alltoall(self, output_tensors, input_tensors, opts)
 
-    @_routes_devices
+    @_general_path
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         if isinstance(opts, timedelta):  # alltoall_base(..., timeout)
             opts = _options(dist.AllToAllOptions, opts)
@@ -225,7 +239,7 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
         work = self._small_transfers.send(tensors, dstRank, tag)
         return self._send_any(tensors, dstRank, tag) if work is None else work
 
-    @functools.partial(_routes_devices, name="send")
+    @_general_path(name="send", writes=None)
     def _send_any(self, tensors, dstRank: int, tag: int = 0):
         return Collectives.send(self, tensors, dstRank, tag)
 
@@ -233,11 +247,11 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
         work = self._small_transfers.recv(tensors, srcRank, tag)
         return self._recv_any(tensors, srcRank, tag) if work is None else work
 
-    @functools.partial(_routes_devices, name="recv")
+    @_general_path(name="recv")
     def _recv_any(self, tensors, srcRank: int, tag: int = 0):
         return Collectives.recv(self, tensors, srcRank, tag)
 
-    @_routes_devices
+    @_general_path
     def recv_anysource(self, tensors, tag: int = 0):
         return Collectives.recv_anysource(self, tensors, tag)
 

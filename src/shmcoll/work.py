@@ -198,6 +198,67 @@ class AsyncWork(dist.Work):
         return future
 
 
+class WritingBack(dist.Work):
+    """The Work of a call whose outputs were stand-ins (``shmcoll.staging.resolved``: the caller's tensors are
+    lazily negated or conjugated views): ``work``, the stand-ins' own, and once it is done, each stand-in copied
+    into the caller's tensor (``pairs``: (tensor, stand-in)), before anything sees it done. A call that finished
+    already is copied back at once; else the first question that finds it done does it (``wait``,
+    ``is_completed``, its future), on the thread that asks."""
+
+    def __init__(self, work, pairs, result):
+        super().__init__()
+        self._work = work
+        self._pairs = pairs  # until copied back: then nothing of the call is kept
+        self._result = result
+        self._lock = threading.Lock()
+        if work.is_completed():
+            self._write_back()
+
+    def _write_back(self) -> None:
+        with self._lock:
+            pairs, self._pairs = self._pairs, None
+            if pairs is not None and self._work.is_success():
+                for tensor, stand_in in pairs:
+                    tensor.copy_(stand_in)
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        done = self._work.wait(timeout) if timeout else self._work.wait()
+        self._write_back()
+        return done
+
+    def is_completed(self) -> bool:
+        if not self._work.is_completed():
+            return False
+        self._write_back()
+        return True
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._work.is_success()
+
+    def exception(self):
+        return self._work.exception()
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+    _source_rank = source_rank  # the name torch.distributed.recv calls
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        def written(future):
+            future.value()  # raises the call's error
+            self._write_back()
+            return self._result
+
+        return self._work.get_future().then(written)
+
+
 def ending(work, event):
     """``work``, whose completion ends profiler ``event``: an AsyncWork's finish, else now (a Work that is
     done, or one of Gloo's, which records its own events)."""
