@@ -326,3 +326,79 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
                 for n in range(2):  # the second: the compiled path's call, once the first admitted its plan
                     cases.run(f"{case}#{n}", released, case, call, poll)
     dist.barrier()
+
+
+def works_held_by_torch(cases):
+    """Works that torch holds from C++ or chains on, while later calls run inline around them: a functional
+    collective's Work left in torch's registry until its ``wait_tensor``, futures chained with ``then``, DDP's
+    comm hook futures. Each call's Work and future keep its own result, on shm as on Gloo (a Work shared between
+    calls, or one that holds nothing where its caller looks, gives another call's tensors or none)."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    groups = {"shm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    total = world * (world + 1) / 2
+
+    def functional(backend: str, n: int):
+        group = groups[backend]
+        case = f"functional/{backend}/{n}"
+        pending = [funcol.all_reduce(torch.full((n,), float(rank + 1 + k)), "sum", group) for k in range(3)]
+        # Inline calls, synchronous and asynchronous, while torch's registry holds the functional ones' Works.
+        for k in range(4):
+            later = torch.full((n,), float(rank + 1))
+            work = dist.all_reduce(later, group=group, async_op=bool(k % 2))
+            if work is not None:
+                work.wait()
+                assert work.result()[0] is later, f"{case}: an async Work's result is another call's"
+            _equal(later, torch.full((n,), total), case)
+        for k, tensor in enumerate(pending):
+            _equal(torch.ops._c10d_functional.wait_tensor(tensor), torch.full((n,), total + world * k), case)
+
+    def chained(backend: str, n: int):
+        group = groups[backend]
+        case = f"chained/{backend}/{n}"
+        tensors = [torch.full((n,), float(rank + 1 + k)) for k in range(3)]
+        futures = [dist.all_reduce(t, group=group, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+                   for t in tensors]
+        for _ in range(3):
+            dist.all_reduce(torch.ones(n), group=group)
+        for k, future in enumerate(futures):
+            _equal(future.wait(), torch.full((n,), 2 * (total + world * k)), case)
+
+    def ddp_hook(backend: str):
+        group = groups[backend]
+        case = f"ddp_hook/{backend}"
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)), process_group=group,
+                    bucket_cap_mb=0.0001)  # a bucket per parameter: several hooks in flight per step
+
+        def hook(state, bucket):
+            # between the asynchronous all-reduce and its completion, a synchronous call on the same group
+            future = dist.all_reduce(bucket.buffer().div_(world), group=group, async_op=True).get_future()
+            dist.all_reduce(torch.zeros(1), group=group)
+            return future.then(lambda f: f.value()[0])
+
+        model.register_comm_hook(None, hook)
+        data = torch.arange(2 * 8 * (rank + 1), dtype=torch.float32).view(-1, 8)[-2:] / 10
+        model(data).square().sum().backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        everyone = [torch.empty_like(grads) for _ in range(world)]
+        dist.all_gather(everyone, grads, group=groups["gloo"])
+        for other in everyone:  # every rank holds the same averaged gradients
+            _equal(other, grads, case)
+        return grads
+
+    for n in (2, 4099):
+        for backend in ("gloo", "shm"):
+            cases.run(f"functional/{backend}/{n}", functional, backend, n)
+            cases.run(f"chained/{backend}/{n}", chained, backend, n)
+    grads = {}
+
+    def ddp_both():
+        grads.update({backend: ddp_hook(backend) for backend in ("gloo", "shm")})
+        # Gloo sums 3 ranks in another order than shm's rank order: the last bits may differ, never more
+        torch.testing.assert_close(grads["shm"], grads["gloo"], rtol=1e-5, atol=1e-6,
+                                   msg=lambda m: f"ddp_hook: shm against gloo: {m}")
+
+    cases.run("ddp_hook", ddp_both)

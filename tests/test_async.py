@@ -17,3 +17,9 @@ def test_async_semantics(world_size):
     # sizes x 2 ways x 2 calls
     released = (14 if world_size % 2 == 0 else 13) * 8
     assert_job_passes(result, min_cases=2 * (10 * 4 + 1) + 12 + 24 + 8 + released)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_works_held_by_torch(world_size):
+    result = spawn("tests.async_scenarios:works_held_by_torch", world_size)
+    assert_job_passes(result, min_cases=2 * 2 * 2 + 1)
