@@ -186,21 +186,26 @@ NODE_STAGES_ON_LANES = {**SMALL_CHUNKS, "SHMCOLL_SEGMENT_BYTES": "65536", "SHMCO
                         "SHMCOLL_THREADS": "3"}
 
 
-@pytest.mark.parametrize("victim, op, env, first_errors", [
+@pytest.mark.parametrize("layout, victim, op, env, first_errors", [
     # rank 2's arena wait sees 3 dead and closes its rail; rank 0 then loses rail 0, rank 1 rail 1.
-    (3, "all_reduce", SMALL_CHUNKS,
+    ("2+2", 3, "all_reduce", SMALL_CHUNKS,
      {0: "on rail 0 (ranks 0, 2) failed", 1: "on rail 1 (ranks 1, 3) failed", 2: "rank(s) 3 died"}),
     # The same with rank 0's node stage on lanes: one of its lanes waits for rank 1.
-    (1, "all_reduce", NODE_STAGES_ON_LANES,
+    ("2+2", 1, "all_reduce", NODE_STAGES_ON_LANES,
      {0: "rank(s) 1 died", 2: "on rail 0 (ranks 0, 2) failed", 3: "on rail 1 (ranks 1, 3) failed"}),
     # rank 0's exchange with the other leader fails; rank 1, waiting in the node barrier for rank 0 (alive), is told at once.
-    (2, "barrier", SMALL_CHUNKS, {0: "on the leaders' link (ranks 0, 2) failed", 1: "rank 0 gave up",
-                                  3: "rank(s) 2 died"}),
-], ids=["all_reduce-rank3-dies", "all_reduce-on-lanes-rank1-dies", "barrier-rank2-dies"])
-def test_peer_dying_mid_collective_makes_the_group_unusable(victim, op, env, first_errors):
+    ("2+2", 2, "barrier", SMALL_CHUNKS, {0: "on the leaders' link (ranks 0, 2) failed", 1: "rank 0 gave up",
+                                         3: "rank(s) 2 died"}),
+    # rank 0 gives up in its node stage with the next segment's Gloo broadcast from rank 3 in flight: rank 3 is
+    # told at once, not at Gloo's timeout (the failed plan's works no longer hold the connection open).
+    ("3+1", 1, "broadcast", SMALL_CHUNKS, {0: "rank(s) 1 died", 2: "rank(s) 1 died",
+                                           3: "Gloo broadcast on rail 0 (ranks 0, 3) failed"}),
+], ids=["all_reduce-rank3-dies", "all_reduce-on-lanes-rank1-dies", "barrier-rank2-dies", "3+1-broadcast-rank1-dies"])
+def test_peer_dying_mid_collective_makes_the_group_unusable(layout, victim, op, env, first_errors):
     before = shm_entries()
-    result = spawn("tests.multinode_faults:peer_dies", 4, backend="gloo", env=env, args=[str(victim), op],
-                   rank_env=_hosts([0, 0, 1, 1]), timeout=4 * GROUP_TIMEOUT_S)
+    rank_nodes = LAYOUTS[layout]
+    result = spawn("tests.multinode_faults:peer_dies", len(rank_nodes), backend="gloo", env=env, args=[str(victim), op],
+                   rank_env=_hosts(rank_nodes), timeout=4 * GROUP_TIMEOUT_S)
     assert result.returncodes[victim] == -signal.SIGKILL, result.outputs[victim]
     for rank, expected in first_errors.items():
         report, output = result.reports[rank], result.outputs[rank]

@@ -15,6 +15,7 @@ node stage, gives up for good (``_gives_up_on_failure``).
 from __future__ import annotations
 
 import functools
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -48,8 +49,8 @@ def _gives_up_on_failure(plan):
     leaves its node's arena and its Gloo groups mid-collective: no later step on them can be trusted.
 
     So it tells the local ranks (the arena's abandoned word) and lets go of this rank's Gloo
-    groups, whose peers on other nodes then fail at once ("connection closed") instead of at the
-    timeout, and raises a ShmcollError, after which the backend refuses every collective.
+    groups and of the plan's Gloo works, whose peers on other nodes then fail at once ("connection
+    closed") instead of at the timeout, and raises a ShmcollError, after which the backend refuses every collective.
     """
 
     @functools.wraps(plan)
@@ -61,6 +62,10 @@ def _gives_up_on_failure(plan):
         except SizesDisagreeError:
             raise  # every rank found it alike, before any data moved: the group stays usable
         except Exception as error:
+            # The plan's frames, which the error's traceback keeps (and the group keeps the error), hold its Gloo
+            # works in flight, and a work holds its connections open: letting go of the groups alone left a peer
+            # on another node waiting for this rank until Gloo's timeout.
+            traceback.clear_frames(error.__traceback__)
             self._give_up()
             if isinstance(error, ShmcollError):
                 raise
