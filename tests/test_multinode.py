@@ -220,6 +220,67 @@ def test_peer_dying_mid_collective_makes_the_group_unusable(layout, victim, op, 
     assert shm_entries() - before == set()
 
 
+# Which rank sees the death itself differs from case to case: a node mate through its process (the arena's
+# pids), a peer on another node through a connection that closed although the rank had not given up; every
+# other survivor learns it from them. Victims alone on their node (3+1's rank 3) are seen by no node mate.
+@pytest.mark.parametrize("layout, victim, op, when", [
+    ("2+2", 3, "all_reduce", "before"),
+    ("2+2", 2, "barrier", "before"),
+    ("2+2", 1, "all_gather_into_tensor", "during"),
+    ("2+2", 2, "reduce_scatter_tensor", "during"),
+    ("2+2", 3, "all_to_all_single", "during"),
+    ("3+1", 3, "all_reduce", "during"),
+    ("3+1", 1, "broadcast", "before"),
+], ids=lambda value: str(value))
+def test_every_survivor_names_the_rank_that_died(layout, victim, op, when):
+    """A rank killed before or during a collective across nodes: every survivor's error names it, with its
+    node, and comes well within a second or two (no survivor waits out the group's timeout to learn it)."""
+    rank_nodes = LAYOUTS[layout]
+    before = shm_entries()
+    result = spawn("tests.multinode_faults:peer_dies", len(rank_nodes), backend="gloo", env=SMALL_CHUNKS,
+                   args=[str(victim), op, when], rank_env=_hosts(rank_nodes), timeout=4 * GROUP_TIMEOUT_S)
+    assert result.returncodes[victim] == -signal.SIGKILL, result.outputs[victim]
+    dead = f"rank {victim} (node {rank_nodes[victim]}) died"
+    errors = {rank: report and report["first_error"] for rank, report in enumerate(result.reports) if rank != victim}
+    for rank, error in errors.items():
+        report, output = result.reports[rank], result.outputs[rank]
+        assert result.returncodes[rank] == 0 and report is not None, output
+        failed = {case: text for case, text in report["cases"].items() if text is not None}
+        assert not failed and len(report["cases"]) == 5, failed
+        assert not report["leaks"], report["leaks"]
+        assert dead in error, f"rank {rank} does not name {dead!r}: {error}\nevery survivor's first error: {errors}"
+        assert report["elapsed"] < 2.0, report
+    assert shm_entries() - before == set()
+
+
+@pytest.mark.parametrize("layout, victim, op, unknown", [
+    # Rank 2 is alone on its node and the all_gather of unequal nodes runs on the flat group, whose failed Gloo
+    # collective names no peer: no survivor can tell that rank 2 died rather than gave up.
+    ("2+1", 2, "all_gather_into_tensor", "no rank posted one within 1 s"),
+    # Rank 0 hosts the store (env:// rendezvous): its node mate sees it die, the other node cannot ask.
+    ("2+2", 0, "all_reduce", "the group's store cannot be reached"),
+], ids=["2+1-alone-on-its-node", "2+2-store-host-dies"])
+def test_survivors_that_cannot_learn_the_cause_still_raise_promptly(layout, victim, op, unknown):
+    """Where the cause cannot be learnt, the survivors that do not see it raise all the same, within about a
+    second (``causes.LEARN_S``), saying why it is not known; those that see it name it."""
+    rank_nodes = LAYOUTS[layout]
+    result = spawn("tests.multinode_faults:peer_dies", len(rank_nodes), backend="gloo", env=SMALL_CHUNKS,
+                   args=[str(victim), op, "before"], rank_env=_hosts(rank_nodes), timeout=4 * GROUP_TIMEOUT_S)
+    assert result.returncodes[victim] == -signal.SIGKILL, result.outputs[victim]
+    dead = f"rank {victim} (node {rank_nodes[victim]}) died"
+    for rank in range(len(rank_nodes)):
+        if rank == victim:
+            continue
+        report, output = result.reports[rank], result.outputs[rank]
+        assert result.returncodes[rank] == 0 and report is not None, output
+        error = report["first_error"]
+        if rank_nodes[rank] == rank_nodes[victim]:
+            assert dead in error, error
+        else:
+            assert f"cause: not known here: {unknown}" in error, error
+        assert report["elapsed"] < 2.0, report
+
+
 # -- subgroups ------------------------------------------------------------------------------
 
 def test_subgroups_across_and_inside_nodes():

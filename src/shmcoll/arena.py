@@ -320,6 +320,12 @@ class Arena(Steps):
         gave_up = int(self._header[ABANDONED_WORD]) if self._header is not None else 0
         return gave_up - 1 if gave_up else None
 
+    def exited_peers(self) -> list[int]:
+        """The group ranks of the local peers whose process has exited (``waits.process_alive``), whatever
+        this rank was waiting for: a plan across nodes that fails on the network asks, to name a dead node mate."""
+        return [self.ranks[r] for r in range(self.local_size)
+                if r != self.local_rank and not waits.process_alive(self.pid(r))]
+
     def pid(self, local_rank: int) -> int:
         """Process id that ``local_rank`` recorded in its control line."""
         return int(self._line_words[(local_rank * LINE_BYTES + PID_OFFSET) // 4])

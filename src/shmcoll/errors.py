@@ -48,4 +48,15 @@ class SizesDisagreeError(ValueError):
 
 
 class InterNodeError(ShmcollError):
-    """A hierarchical plan failed part-way (a Gloo call between nodes, or a local peer that gave up on it)."""
+    """A hierarchical plan failed part-way (a Gloo call between nodes, or a local peer that gave up on it).
+
+    ``peers``: where a Gloo call failed, the group ranks at the other end of its connections (one for a
+    message, every other member for a collective), from which ``placement.across.causes`` tells whether the
+    rank on the other end died; empty where no call names them."""
+
+    def __init__(self, message: str, peers=()):
+        super().__init__(message)
+        self.peers = tuple(peers)
+
+    def __reduce__(self):  # pickles with its peers
+        return type(self), (str(self), self.peers)

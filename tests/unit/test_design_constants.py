@@ -18,7 +18,7 @@ from shmcoll._env import Settings
 from shmcoll._logging import first_wait_warning
 from shmcoll.algorithms import allreduce
 from shmcoll.placement import node, single
-from shmcoll.placement.across import alltoall, network, pipeline
+from shmcoll.placement.across import alltoall, causes, network, pipeline
 from shmcoll.placement.nodes import Nodes
 from tests.ext_source import constant
 
@@ -140,6 +140,8 @@ QUOTES = {
         rf"reads of its next peer's {SIZE} probe against copies of its own \(the fastest of {NUMBER} each\)"),
     # placement/across/
     "pipeline.DEPTH": (lambda: pipeline.DEPTH, rf"with {NUMBER} network stages in flight \(`pipeline.DEPTH`\)"),
+    "how long a rank waits to learn a failure's cause": (lambda: causes.LEARN_S * 1e9,
+                                                          rf"waiting up to {TIME} \(`causes.LEARN_S`\)"),
     "EXCHANGE_NODES": (lambda: network.EXCHANGE_NODES,
                        rf"or a small one between up to {NUMBER} \(`network.EXCHANGE_NODES`\)",
                        rf"Up to {NUMBER} members each round is direct messages",

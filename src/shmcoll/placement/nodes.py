@@ -10,11 +10,13 @@ point-to-point messages.
 
 Every method runs inside the backend's ProgressEngine (in issue order) and
 completes synchronously. A plan that fails part-way, on the network or in a
-node stage, gives up for good (``_gives_up_on_failure``).
+node stage, gives up for good (``_gives_up_on_failure``), telling the other
+ranks why first (``placement.across.causes``).
 """
 from __future__ import annotations
 
 import functools
+import time
 import traceback
 
 import torch
@@ -31,6 +33,7 @@ from shmcoll.placement.across import broadcast as _broadcast
 from shmcoll.placement.across import gather as _gather
 from shmcoll.placement.across import reduce as _reduce
 from shmcoll.placement.across import reduce_scatter as _reduce_scatter
+from shmcoll.placement.across.causes import Causes
 from shmcoll.placement.across.links import Links
 from shmcoll.placement.across.shape import Shape
 from shmcoll.placement.flat import Flat
@@ -50,13 +53,16 @@ def _gives_up_on_failure(plan):
 
     So it tells the local ranks (the arena's abandoned word) and lets go of this rank's Gloo
     groups and of the plan's Gloo works, whose peers on other nodes then fail at once ("connection
-    closed") instead of at the timeout, and raises a ShmcollError, after which the backend refuses every collective.
+    closed") instead of at the timeout, and raises a ShmcollError, after which the backend refuses every collective. Its message
+    ends with the cause where that is another rank's failure (``Nodes.give_up``): what a rank sees of
+    another's failure (a closed connection, a node mate that gave up) does not name the rank that died.
     """
 
     @functools.wraps(plan)
     def run(self, *args):
         if self.failure is not None:  # a point-to-point message between nodes failed since (``_Watched``)
             raise InterNodeError(f"rank {self.rank}: an earlier Gloo call between nodes failed: {self.failure}")
+        started = time.monotonic()
         try:
             return plan(self, *args)
         except SizesDisagreeError:
@@ -66,12 +72,14 @@ def _gives_up_on_failure(plan):
             # works in flight, and a work holds its connections open: letting go of the groups alone left a peer
             # on another node waiting for this rank until Gloo's timeout.
             traceback.clear_frames(error.__traceback__)
-            self._give_up()
+            cause = self.give_up(error, time.monotonic() - started)
             if isinstance(error, ShmcollError):
-                raise
+                if not cause:
+                    raise
+                raise type(error)(f"{error}{cause}") from error
             raise InterNodeError(f"rank {self.rank} (node {self.shape.node}, ranks "
                                  f"{', '.join(map(str, self.shape.local_ranks))}): {plan.__name__} across nodes "
-                                 f"failed part-way: {type(error).__name__}: {error}") from error
+                                 f"failed part-way: {type(error).__name__}: {error}{cause}") from error
 
     return run
 
@@ -92,6 +100,8 @@ class Nodes(OnArena):
         self.lanes = Lanes(arena, settings.thread_bytes) if arena is not None else None  # for the node stages
         self.shape = Shape(rank, size, topo, arena, self.lanes, settings)
         self.links = Links(store, keys, self.shape, timeout)
+        self.causes = Causes(store, keys, self.shape, timeout.total_seconds(),
+                             lambda: self.arena.exited_peers() if self.arena is not None else [])
         self.alltoall_agreed = _alltoall.Agreed()
         self.nodes = self.shape.nodes
         self.flat = Flat(self.links.pairs.group, rank, size)
@@ -159,11 +169,11 @@ class Nodes(OnArena):
         _barrier.barrier(self.shape, self.links, desc)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int):
-        return _Watched(self.flat.send(tensor, dst, tag), self, f"send to rank {dst}")
+        return _Watched(self.flat.send(tensor, dst, tag), self, f"send to rank {dst}", dst)
 
     def recv(self, tensor: torch.Tensor, src: int | None, tag: int):
         return _Watched(self.flat.recv(tensor, src, tag), self, f"receive from rank {src}" if src is not None
-                        else "receive from any rank")
+                        else "receive from any rank", src)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -196,7 +206,13 @@ class Nodes(OnArena):
         self.links.close()
         self.flat.drop()  # its group is the links' group of all ranks, closed with them
 
-    def _give_up(self) -> None:
+    def give_up(self, error: BaseException, took_s: float) -> str:
+        """Give up for good after ``error``, raised by a plan or a point-to-point message that took ``took_s``:
+        post why (``causes``), then let go of the arena and the Gloo groups. Returns what to add to the error's
+        message: the cause, where it is another rank's failure (within ``causes.LEARN_S``), else ''."""
+        return self.causes.give_up(error, took_s, self._let_go)
+
+    def _let_go(self) -> None:
         if self.arena is not None:
             self.arena.abandon()
         self.links.drop()
@@ -233,9 +249,10 @@ class _Watched(dist.Work):
     failure makes the placement give up, as a failed collective does, so the next collective on this
     rank raises and the peers' Gloo calls see the connections close."""
 
-    def __init__(self, work, placement: Nodes, what: str):
+    def __init__(self, work, placement: Nodes, what: str, peer: int | None):
         super().__init__()
-        self._work, self._placement, self._what = work, placement, what
+        self._work, self._placement, self._what, self._peer = work, placement, what, peer
+        self._started = time.monotonic()
 
     def wait(self, timeout=None) -> bool:
         try:
@@ -243,8 +260,12 @@ class _Watched(dist.Work):
         except Exception as error:
             placement = self._placement
             if placement.failure is None:
-                placement.failure = f"rank {placement.rank}: Gloo {self._what} failed: {type(error).__name__}: {error}"
-                placement._give_up()
+                # Its peer, from which ``causes`` may learn that it died: not where the caller's own timeout
+                # ended the wait (the peer is then alive, only late).
+                peers = (self._peer,) if self._peer is not None and timeout is None else ()
+                failed = InterNodeError(f"rank {placement.rank}: Gloo {self._what} failed: {type(error).__name__}: "
+                                        f"{error}", peers)
+                placement.failure = f"{failed}{placement.give_up(failed, time.monotonic() - self._started)}"
             raise InterNodeError(placement.failure) from error
 
     def is_completed(self) -> bool:

@@ -3,7 +3,9 @@
 A call starts asynchronously (Gloo runs it on its own threads, so a plan can
 overlap it with a node stage) and is waited for here; a failure becomes an
 InterNodeError naming this rank, the group it was on and the ranks in it, and
-the plan that made it gives up for good (``placement.nodes``). ``sent`` counts
+carrying the ranks at the other end of the failed call's connections (``peers``:
+``placement.across.causes`` learns from them whether a rank died), and the plan
+that made it gives up for good (``placement.nodes``). ``sent`` counts
 the bytes this rank handed to Gloo for other nodes (benchmarks, the netns test).
 """
 from __future__ import annotations
@@ -31,6 +33,9 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 class Pending(NamedTuple):
     works: tuple  # c10d Works, all of one network stage
     what: str  # "all_reduce on rail 1 (ranks 1, 3)", for errors
+    # Per work, the group ranks at the other end of its connections: a message's one peer, a collective's
+    # every other member. A work fails when one of those connections does.
+    peers: tuple
     # What follows once the works are done: a local step that may start the stage's next network round
     # (a reduce-scatter's combine, then its all-gather), returning that round's Pending, or None.
     then: Callable[[], Pending | None] | None = None
@@ -52,40 +57,43 @@ class Link:
         self.position = position  # ours among the members
         self.sent = 0
 
-    def start(self, what: str, call, nbytes: int = 0) -> Pending:
-        """``call(group)`` started; ``nbytes``: what it sends to other nodes, counted in ``sent``."""
+    def start(self, what: str, call, nbytes: int = 0, member: int | None = None) -> Pending:
+        """``call(group)`` started; ``nbytes``: what it sends to other nodes, counted in ``sent``; ``member``:
+        the one member it exchanges with (a message), None for a collective of every member."""
         label = f"{what} on {self.name} (ranks {', '.join(map(str, self.ranks))})"
+        peers = (self.ranks[member],) if member is not None else \
+            tuple(rank for position, rank in enumerate(self.ranks) if position != self.position)
         try:
             work = call(self.group)
         except Exception as error:
-            raise self._failed(label, error) from error
+            raise self._failed(label, error, peers) from error
         self.sent += nbytes
-        return Pending((work,), label)
+        return Pending((work,), label, (peers,))
 
     def wait(self, pending: Pending | None) -> None:
         """Until ``pending`` and every round that follows it are done."""
         while pending is not None:
-            try:
-                for work in pending.works:
+            for work, peers in zip(pending.works, pending.peers):
+                try:
                     work.wait()
-            except Exception as error:
-                raise self._failed(pending.what, error) from error
+                except Exception as error:
+                    raise self._failed(pending.what, error, peers) from error
             pending = pending.then() if pending.then is not None else None
 
     def run(self, what: str, call, nbytes: int = 0) -> None:
         self.wait(self.start(what, call, nbytes))
 
-    def _failed(self, what: str, error: BaseException) -> InterNodeError:
+    def _failed(self, what: str, error: BaseException, peers: tuple) -> InterNodeError:
         return InterNodeError(f"rank {self.rank} (node {self.node}): Gloo {what} failed: {type(error).__name__}: "
-                              f"{error}")
+                              f"{error}", peers)
 
     # -- the calls plans make ------------------------------------------------------
 
     def send(self, tensor: torch.Tensor, member: int) -> Pending:
-        return self.start("send", lambda g: g.send([tensor], member, self.tag), tensor.nbytes)
+        return self.start("send", lambda g: g.send([tensor], member, self.tag), tensor.nbytes, member)
 
     def recv(self, tensor: torch.Tensor, member: int) -> Pending:
-        return self.start("receive", lambda g: g.recv([tensor], member, self.tag))
+        return self.start("receive", lambda g: g.recv([tensor], member, self.tag), member=member)
 
     def swap(self, outgoing: dict[int, torch.Tensor], incoming: dict[int, torch.Tensor]) -> Pending:
         """Send ``outgoing[m]`` to member m and receive ``incoming[m]`` from member m, all at once: one
@@ -93,7 +101,8 @@ class Link:
         parts = [self.recv(buffer, member) for member, buffer in incoming.items()]
         parts += [self.send(tensor, member) for member, tensor in outgoing.items()]
         return Pending(tuple(work for part in parts for work in part.works),
-                       f"exchange on {self.name} (ranks {', '.join(map(str, self.ranks))})")
+                       f"exchange on {self.name} (ranks {', '.join(map(str, self.ranks))})",
+                       tuple(peers for part in parts for peers in part.peers))
 
     def exchange(self, mine: torch.Tensor, theirs: dict[int, torch.Tensor]) -> None:
         """Send ``mine`` to every member in ``theirs`` (member -> receive buffer) and receive theirs."""
