@@ -38,7 +38,7 @@ class Collective:
 
     def __init__(self, name: str, case: str, nbytes: int, rank: int, world: int):
         self.name, self.case, self.rank, self.world = name, case, rank, world
-        self.count = max(1, nbytes // ITEM)
+        self.count = nbytes // ITEM
         self.root = world - 1
         inputs = [make_input(case, r, DTYPE, self.count) for r in range(world)]
         self.inputs = inputs
@@ -155,6 +155,16 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
         for nbytes in sizes if name != "barrier" else (0,):
             for backend in ("gloo", "shm"):
                 cases.run(f"crossed/{backend}/{name}/{nbytes}", crossed, backend, name, nbytes)
+    # Empty tensors (a collective that still meets), and every call on the general path: under the profiler
+    # the compiled small collectives take none.
+    profiled = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier")
+    for name in profiled[:-1]:
+        cases.run(f"crossed/shm/{name}/0", crossed, "shm", name, 0)
+    with torch.profiler.profile():
+        dist.barrier(group=pairs["gloo"][0])  # every rank's profiler started (its first start takes a second)
+        for name in profiled:
+            for nbytes in (8, 240 << 10) if name != "barrier" else (0,):
+                cases.run(f"crossed/shm/{name}/{nbytes}/profiled", crossed, "shm", name, nbytes)
 
     # An asynchronous collective, then a blocking receive whose sender joins the collective after its send
     # (which, from two chunks of the channel on, waits for its receiver). Around the channel's chunk sizes.

@@ -980,7 +980,7 @@ def fast_paths(cases):
             case = f"fast_path/{name}/{dtype}/{op_name}/n={count}/async={async_op}/{make.__name__}#{n}"
 
             if count == big:  # one rank runs everything inline (placement.single): it has nothing to overlap
-                fast = pg.placement.inline_async_bytes >= big * dtype.itemsize * world
+                fast = pg.placement.async_inline
 
             def run():
                 launches.clear()

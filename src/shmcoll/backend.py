@@ -97,7 +97,7 @@ class Collectives:
         kernel_library.warm()
         self._placement = placement.create(store, rank, size, timeout, self._settings, self.describe_current)
         self._sparse_buffers = sparse.Buffers()  # empty until a sparse all_reduce
-        self._inline_async_bytes = self._placement.inline_async_bytes
+        self._async_inline = self._placement.async_inline
         # The fast paths' plans (all_reduce, reduce_scatter_tensor, broadcast, all_gather_into_tensor), by
         # (kind, dtype, op value or root), admitted by the general path as it meets them (``_admit``).
         self._fast_plans: dict = {}
@@ -196,13 +196,12 @@ class Collectives:
             if event is not None:
                 profiling.end(event)
 
-    def _launch(self, desc: int, body, result, opts, nbytes: int | None = None, inputs=None):
-        """Run ``body()`` as collective ``desc`` in issue order; return its Work (with ``result``). ``nbytes``:
-        what this rank brings to it, if one number says (an asynchronous call that small runs inline where it
-        waits for no peer: ``_inline``); ``inputs``: its input tensors, for the profiler (default: ``result``)."""
+    def _launch(self, desc: int, body, result, opts, inputs=None):
+        """Run ``body()`` as collective ``desc`` in issue order; return its Work (with ``result``). ``inputs``: its
+        input tensors, for the profiler (default: ``result``)."""
         inputs = result if inputs is None else inputs
         async_op = _is_async(opts)
-        now = self._inline(async_op, nbytes)
+        now = self._inline(async_op)
         if now is not None:
             return now(desc, body, result, inputs)
         return self._queued(desc, body, result, inputs, async_op, profiling.start(desc, inputs, self._size))
@@ -240,20 +239,19 @@ class Collectives:
         issuing thread."""
         return self._queued(desc, lambda: finish(*args), result, inputs, True, started=True)
 
-    def _inline(self, async_op: bool, nbytes: int | None):
+    def _inline(self, async_op: bool):
         """How a call runs on the issuing thread, if it does: ``_now`` or ``_now_async``; None: in the engine.
 
         Only with nothing queued (torch's wrappers, as the fast paths assume, issue from one thread). A
         synchronous call then runs here, without the engine's hand-off and lock (1-2 us of an all_gather
-        that single copy finishes in 4); an asynchronous one only where it waits for no peer: at most the
-        placement's ``inline_async_bytes`` (``nbytes``: what this rank brings; None: unknown), which is every
-        size on one rank and none elsewhere (on one node the compiled small collectives run an asynchronous
+        that single copy finishes in 4); an asynchronous one only where it waits for no peer, which is the
+        placement's ``async_inline`` (one rank; on one node the compiled small collectives run an asynchronous
         call as far as it goes without waiting, ``_finish_later`` the rest)."""
         if self._engine.busy():
             return None
         if not async_op:
             return self._now
-        return self._now_async if nbytes is not None and nbytes <= self._inline_async_bytes else None
+        return self._now_async if self._async_inline else None
 
     def _now(self, desc: int, body, result, inputs=None):
         """Run ``body()`` as collective ``desc`` here and now (synchronous, nothing queued); its Work."""
@@ -270,9 +268,9 @@ class Collectives:
             return self._engine.finished(result, desc, error)
         return self._engine.finished(result, desc)
 
-    def _launch_each(self, calls, step, result, opts, nbytes: int, inputs):
+    def _launch_each(self, calls, step, result, opts, inputs):
         """A coalesced call: ``step(*args, desc)`` for each (*args, desc) of ``calls``, in order, as one Work
-        (``nbytes``, ``inputs``: as ``_launch`` takes them, of all the calls together)."""
+        (``inputs``: as ``_launch`` takes them, of all the calls together)."""
 
         def body():
             for *args, desc in calls:
@@ -280,7 +278,7 @@ class Collectives:
                 step(*args, desc)
 
         return self._launch(calls[0][-1] if calls else descriptors.descriptor(descriptors.BARRIER), body, result, opts,
-                            nbytes, inputs)
+                            inputs)
 
     # -- reductions ----------------------------------------------------------
 
@@ -298,7 +296,7 @@ class Collectives:
             if _plain(tensor) and tensor.is_contiguous():
                 count = tensor.numel()
                 plan = self._fast_plans.get((descriptors.ALLREDUCE, tensor.dtype, hash(opts.reduceOp)))
-                now = None if plan is None else self._inline(opts.asyncOp, count * tensor.itemsize)
+                now = None if plan is None else self._inline(opts.asyncOp)
                 if now is not None and 0 < count <= descriptors.COUNT_MAX:
                     desc_base, red, one_shot_count = plan
                     desc = desc_base | count << descriptors.COUNT_SHIFT
@@ -343,7 +341,7 @@ class Collectives:
             self._placement.allreduce(tensor, red, desc)
             red.finish(tensor)
 
-        return self._launch(desc, body, [tensor], opts, tensor.nbytes)
+        return self._launch(desc, body, [tensor], opts)
 
     def _allreduce_sparse(self, tensor, opts):
         sparse.check_op(_reduce_op(opts))
@@ -386,7 +384,7 @@ class Collectives:
             if self._rank == root:
                 red.finish(tensor)
 
-        return self._launch(desc, body, [tensor], opts, tensor.nbytes)
+        return self._launch(desc, body, [tensor], opts)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         output = checks.one_tensor(output_tensors, "reduce_scatter output")
@@ -400,7 +398,7 @@ class Collectives:
         if type(opts) is _ReduceScatterOptions and _plain(output) and _plain(input) and input.is_contiguous():
             count = output.numel()
             plan = self._fast_plans.get((descriptors.REDUCE_SCATTER, output.dtype, hash(opts.reduceOp)))
-            now = None if plan is None else self._inline(opts.asyncOp, input.nbytes)
+            now = None if plan is None else self._inline(opts.asyncOp)
             if (now is not None and input.dtype is output.dtype and input.numel() == count * self._size
                     and count <= descriptors.COUNT_MAX):
                 base, red, _ = plan
@@ -422,7 +420,7 @@ class Collectives:
             self._placement.reduce_scatter(output, stacked(), red, desc)
             red.finish(output)
 
-        return self._launch(desc, body, [output], opts, output.nbytes * self._size, inputs)
+        return self._launch(desc, body, [output], opts, inputs)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         checks.pairs(outputs, inputs, "reduce_scatter_tensor_coalesced")
@@ -438,8 +436,7 @@ class Collectives:
             self._placement.reduce_scatter(output, input, red, desc)
             red.finish(output)
 
-        return self._launch_each(scatters, reduce_scatter, list(outputs), opts, sum(t.nbytes for t in inputs),
-                                 list(inputs))
+        return self._launch_each(scatters, reduce_scatter, list(outputs), opts, list(inputs))
 
     # -- data movement -------------------------------------------------------
 
@@ -451,7 +448,7 @@ class Collectives:
             if _plain(tensor):
                 root, count = opts.rootRank, tensor.numel()
                 plan = self._fast_plans.get((descriptors.BROADCAST, tensor.dtype, root))
-                now = None if plan is None else self._inline(opts.asyncOp, tensor.nbytes)
+                now = None if plan is None else self._inline(opts.asyncOp)
                 if now is not None and count <= descriptors.COUNT_MAX:
                     desc = plan.desc_base | count << descriptors.COUNT_SHIFT
                     return now(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor])
@@ -459,14 +456,14 @@ class Collectives:
         root = checks.root(opts.rootRank if opts is not None else 0, self._size, "broadcast")
         desc = descriptors.descriptor(descriptors.BROADCAST, *ops.movement(tensor), 0, root)
         self._admit(descriptors.BROADCAST, tensor.dtype, desc, root=root)
-        return self._launch(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor], opts, tensor.nbytes)
+        return self._launch(desc, lambda: self._placement.broadcast(tensor, root, desc), [tensor], opts)
 
     def allgather(self, output_lists, input_tensors, opts=None):
         tensor = checks.one_tensor(input_tensors, "all_gather")
         outputs = checks.one_list_like(output_lists, self._size, tensor, "all_gather output")
         desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(tensor))
         return self._launch(desc, lambda: self._placement.allgather(outputs, tensor, desc), output_lists, opts,
-                            tensor.nbytes, [tensor])
+                            [tensor])
 
     def all_gather_single(self, output, input, opts=None):
         # all_reduce's fast path (see there) for FSDP2's parameter all-gathers and tensor-parallel decode:
@@ -474,7 +471,7 @@ class Collectives:
         if type(opts) is _AllgatherOptions and _plain(input) and _plain(output):
             count = input.numel()
             plan = self._fast_plans.get((descriptors.ALLGATHER, input.dtype, 0))
-            now = None if plan is None else self._inline(opts.asyncOp, input.nbytes)
+            now = None if plan is None else self._inline(opts.asyncOp)
             if (now is not None and output.dtype is input.dtype and output.numel() == count * self._size
                     and count <= descriptors.COUNT_MAX):
                 desc = plan.desc_base | count << descriptors.COUNT_SHIFT
@@ -483,7 +480,7 @@ class Collectives:
         desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(input))
         self._admit(descriptors.ALLGATHER, input.dtype, desc)
         return self._launch(desc, lambda: self._placement.allgather_into(output, input, desc), [output], opts,
-                            input.nbytes, [input])
+                            [input])
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """``output_lists[r][i]`` receives rank r's ``input_list[i]`` (torch's documented layout, as Gloo's)."""
@@ -499,8 +496,7 @@ class Collectives:
         gathers = [([outputs[i] for outputs in output_lists], tensor,
                     descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(tensor)))
                    for i, tensor in enumerate(input_list)]
-        return self._launch_each(gathers, self._placement.allgather, output_lists, opts,
-                                 sum(t.nbytes for t in input_list), list(input_list))
+        return self._launch_each(gathers, self._placement.allgather, output_lists, opts, list(input_list))
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         checks.pairs(outputs, inputs, "all_gather_into_tensor_coalesced")
@@ -508,8 +504,7 @@ class Collectives:
         for output, input in zip(outputs, inputs):
             checks.gathered(output, input, self._size, "all_gather_into_tensor_coalesced", "output", "input")
             gathers.append((output, input, descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(input))))
-        return self._launch_each(gathers, self._placement.allgather_into, list(outputs), opts,
-                                 sum(t.nbytes for t in inputs), list(inputs))
+        return self._launch_each(gathers, self._placement.allgather_into, list(outputs), opts, list(inputs))
 
     def gather(self, output_lists, input_tensors, opts=None):
         tensor = checks.one_tensor(input_tensors, "gather")
@@ -552,7 +547,7 @@ class Collectives:
 
     def barrier(self, opts=None):
         desc = descriptors.descriptor(descriptors.BARRIER)
-        return self._launch(desc, lambda: self._placement.barrier(desc), [], opts, 0)
+        return self._launch(desc, lambda: self._placement.barrier(desc), [], opts)
 
     # -- point-to-point ------------------------------------------------------
 

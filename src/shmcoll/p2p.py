@@ -361,6 +361,7 @@ class PointToPoint:
                     single = self._single_target()
             if alone is not None:
                 self._move_alone(*alone, self.arena.budgets)
+                alone = None  # the thread may sleep next: it keeps no transfer (its tensors) or Work alive
                 continue
             if moved:
                 idle_passes = 0

@@ -204,11 +204,9 @@ def test_a_third_of_the_timeout_warns_first():
     assert first_wait_warning(3.0) == 1.0
 
 
-def test_inline_async_bytes_across_nodes_and_on_one_rank():
-    assert "(none on one node, none across nodes, every one on a single rank)" in design_text()
-    assert node.OneNode.inline_async_bytes == 0
-    assert Nodes.inline_async_bytes == 0
-    assert single.SingleRank.inline_async_bytes >= 1 << 62
+def test_async_inline_on_one_rank_only():
+    assert "the placement's `async_inline` says: on a single rank, not on one node, not across nodes" in design_text()
+    assert not node.OneNode.async_inline and not Nodes.async_inline and single.SingleRank.async_inline
 
 
 def test_the_one_shot_limit_is_within_one_slot():

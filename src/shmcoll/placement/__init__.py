@@ -22,8 +22,8 @@ Each offers the same methods, with the same arguments::
       the most bytes per rank (a reduce-scatter's per block) that it runs in one C schedule call on one lane
       of its arena (the all-reduce: one one-shot step), which the group's compiled small collectives run
       themselves (shmcoll._schedules.SmallCollectives)
-  inline_async_bytes: an asynchronous collective of at most this many bytes per rank runs inline when nothing
-      is queued: only where it waits for no peer (one rank: every size; elsewhere 0)
+  async_inline: whether an asynchronous collective runs inline when nothing is queued: only where it waits
+      for no peer (one rank)
   async_try_bytes (OneNode only): an asynchronous collective of at most this many bytes per rank that the
       compiled small collectives take runs there as far as it goes without waiting, the rest queued
   allgather_windows(input, unit, consume, desc): the all-gather of ``input`` handed to

@@ -95,7 +95,7 @@ class OneNode(OnArena):
 
     # No asynchronous collective runs inline on the Python path: it would wait for its peers there, and an
     # asynchronous call must not (a program that issues it and then a call its peers make first would hang).
-    inline_async_bytes = 0
+    async_inline = False
     # One of at most this many bytes per rank that the compiled small collectives take runs there as far as it
     # goes without waiting for a peer, the rest on the progress thread: handing a whole collective to the thread
     # and waking the caller's wait cost 100-200 us on the 2-core VM, more than a 256 KiB all-reduce takes

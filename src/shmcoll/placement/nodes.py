@@ -88,7 +88,7 @@ class Nodes(OnArena):
     """The group's placement across nodes: this rank's node arena, its rail, and the flat group."""
 
     one_shot_bytes = 0  # no small all-reduce path of the surface's: every all-reduce crosses nodes
-    inline_async_bytes = 0  # every collective waits for the network: an asynchronous one always overlaps
+    async_inline = False  # every collective waits for peers on other nodes: an asynchronous one is queued
     failure = None  # what made a point-to-point message fail, once one has
 
     def __init__(self, store, rank: int, size: int, timeout, topo, arena, keys: str, waits, settings):

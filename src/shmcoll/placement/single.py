@@ -11,7 +11,7 @@ class SingleRank:
 
     nodes = [[0]]
     one_shot_bytes = 0  # no small all-reduce path: allreduce() is already a local operation
-    inline_async_bytes = 1 << 62  # nothing to overlap: every asynchronous call runs inline
+    async_inline = True  # no peer to wait for, nothing to overlap: every asynchronous call runs inline
 
     def allreduce(self, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
         red.local(red.view(tensor))
