@@ -118,7 +118,7 @@ cdef class SmallCollectives:
         self.finish_one_shot = finish_one_shot
         self.finish_run = finish_run
         self.finish_barrier = finish_barrier
-        self.finish_later = finish_later  # (desc, finish, args, result) -> the Work of the rest, queued
+        self.finish_later = finish_later  # (desc, finish, args, result, inputs) -> the Work of the rest, queued
         self.tensor_type = tensor_type
         self.strided = strided
         self.error_type = error_type  # the errors that make the group unusable (ShmcollError)
