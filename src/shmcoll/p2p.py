@@ -231,7 +231,7 @@ class PointToPoint:
                     return CompletedWork(transfer.result, self._source(transfer))
             # A receive whose sender posts every chunk without it waits for its caller; the rest need the thread.
             woken = not (transfer.kind == "recv" and transfer.total <= 2)
-            work = TransferWork(transfer.result, transfer.describe(), self, woken)
+            work = TransferWork(transfer.result, transfer.describe, self, woken)
             self._pending.append((transfer, work))
             if woken:
                 self._wake()

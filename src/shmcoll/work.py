@@ -13,6 +13,7 @@ import collections
 import threading
 import time
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -95,10 +96,10 @@ class _Finished:
 class AsyncWork(dist.Work):
     """A collective queued on the progress thread; completes its future there."""
 
-    def __init__(self, result, describe: str, engine: ProgressEngine | None = None):
+    def __init__(self, result, describe: Callable[[], str], engine: ProgressEngine | None = None):
         super().__init__()
         self._result = result
-        self._describe = describe
+        self._describe = describe  # what the collective is, for a timeout's message: asked only then (a microsecond)
         self._engine = engine  # whose queue it waits in (None: finished when made)
         self._done = _Finished()
         self._error: BaseException | None = None
@@ -159,7 +160,7 @@ class AsyncWork(dist.Work):
         if seconds <= 0 and self._engine is not None and not self._done.is_set():
             self._engine.help(self)
         if not self._done.wait(seconds if seconds > 0 else None):
-            raise dist.DistBackendError(f"Timed out: {self._describe} did not complete within {seconds:g} s "
+            raise dist.DistBackendError(f"Timed out: {self._describe()} did not complete within {seconds:g} s "
                                          f"(Work.wait timeout)")
         if self._error is not None:
             raise self._error
@@ -320,12 +321,13 @@ class ProgressEngine:
         progress thread fails (``wait()`` and its future raise it)."""
         if error is None:
             return CompletedWork(result)
-        work = AsyncWork(result, descriptors.describe(desc))
+        work = AsyncWork(result, lambda: descriptors.describe(desc))
         work.finish(error)
         return work
 
     def execute(self, run, result, async_op: bool, describe):
-        """Run ``run()`` (which may return a source rank) in order; return its Work."""
+        """Run ``run()`` (which may return a source rank) in order; return its Work (``describe()``: what it is,
+        for a timeout's message)."""
         with self._cv:
             inline = not async_op and not self._running and not self._queue
             if inline:
@@ -337,7 +339,7 @@ class ProgressEngine:
                 with self._cv:
                     self._ended()
             return self.completed(result, source)
-        work = AsyncWork(result, describe(), self)
+        work = AsyncWork(result, describe, self)
         with self._cv:
             if self._closed:
                 raise dist.DistBackendError(f"{self._name}: this process group was shut down or aborted")

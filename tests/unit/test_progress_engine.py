@@ -97,7 +97,7 @@ def test_the_future_of_an_async_work_is_made_when_asked_for_and_completes_once_e
 
     from shmcoll.work import AsyncWork
 
-    before = AsyncWork(["result"], "before")
+    before = AsyncWork(["result"], lambda: "before")
     future = before.get_future()
     seen = []
     future.then(lambda f: seen.append((f.value(), before.get_future() is future)))  # asks again in its callback
@@ -105,11 +105,11 @@ def test_the_future_of_an_async_work_is_made_when_asked_for_and_completes_once_e
     before.finish()
     assert future.done() and future.value() == ["result"] and seen == [(["result"], True)]
 
-    after = AsyncWork(["late"], "after")
+    after = AsyncWork(["late"], lambda: "after")
     after.finish()
     assert after.get_future().value() == ["late"] and after.get_future() is after.get_future()
 
-    failed = AsyncWork([], "failed")
+    failed = AsyncWork([], lambda: "failed")
     failed.finish(RuntimeError("it failed"))
     with pytest.raises(RuntimeError, match="it failed"):
         failed.get_future().value()
