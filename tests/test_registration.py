@@ -5,10 +5,14 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from shmcoll import _torch_compat
 from tests.harness import REPO, free_port, shm_entries
+
+# The compatibility tier (TESTING.md, "Every torch"): this whole file runs on every supported torch in CI.
+pytestmark = pytest.mark.compat
 
 
 def _python(code):

@@ -14,6 +14,9 @@ from torch.distributed import distributed_c10d
 from shmcoll import _torch_compat, gloo_exit, option_fields, profiling, torch_internals
 from shmcoll.errors import TorchChangedError
 
+# The compatibility tier (TESTING.md, "Every torch"): this whole file runs on every supported torch in CI.
+pytestmark = pytest.mark.compat
+
 NAME = "shm"
 
 

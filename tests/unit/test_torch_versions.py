@@ -13,6 +13,9 @@ import torch
 from shmcoll import _torch_compat, torch_releases
 from tests.harness import REPO
 
+# The compatibility tier (TESTING.md, "Every torch"): this whole file runs on every supported torch in CI.
+pytestmark = pytest.mark.compat
+
 RELEASES = torch_releases.RELEASES
 OLDEST = ".".join(map(str, torch_releases.OLDEST_SUPPORTED))
 NEWEST = ".".join(map(str, torch_releases.NEWEST_TESTED))
