@@ -74,7 +74,7 @@ def test_fail_loud_backend_that_computes(monkeypatch):
 
 def test_no_default_group_helper(monkeypatch):
     monkeypatch.delattr(distributed_c10d, "_get_default_group")
-    _changed("_get_default_group", "has no _get_default_group")
+    _fallback("_get_default_group", "of_group() needs its group named", "has no _get_default_group")
 
 
 def test_premul_factor_without_factor_reads_the_pickle_state(monkeypatch):
