@@ -72,7 +72,10 @@ leg() {  # version: the tier on that torch
     local version=$1 venv=.venv-torch-$1 log=results/matrix/torch-$1.log
     local torch
     torch=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
-    echo "=== torch $torch ($venv): the $([ $tier = compat ] && echo compatibility tier || echo whole suite)"
+    local what="the whole suite"
+    [ $tier = compat ] && what="the compatibility tier"
+    [ ${#pytest_args[@]} -gt 0 ] && what="$what, pytest ${pytest_args[*]}"
+    echo "=== torch $torch ($venv): $what"
     "$venv/bin/python" -m pytest -ra -p no:cacheprovider "${marker[@]}" "${pytest_args[@]}" > "$log" 2>&1
     local status=$?
     grep -E "^(FAILED|ERROR) " "$log"
