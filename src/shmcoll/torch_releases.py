@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-RELEASES = ("2.12.0", "2.13.0", "2.14.1")
+RELEASES = ("2.12.0", "2.13.0", "2.14.1", "2.15.0")
 
 
 def minor(version: str) -> tuple[int, int] | None:
