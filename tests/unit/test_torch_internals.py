@@ -158,4 +158,6 @@ def test_a_fallback_is_logged_once_on_the_first_rank(monkeypatch, caplog, first_
         for _ in range(3):  # three groups in one process
             torch_internals.check(NAME, rank)
     said = [r.getMessage() for r in caplog.records if r.name == "shmcoll" and r.levelno == logging.INFO]
-    assert len(said) == lines and all("torch.compiler.disable" in line for line in said), said
+    # one line per fallback in use: this one, and any this torch has anyway (torch 2.12: ReduceOp.factor's)
+    assert len([line for line in said if "torch.compiler.disable" in line]) == lines, said
+    assert len(said) == len(set(said)) and (rank == 0 or not said), said
