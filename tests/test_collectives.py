@@ -7,6 +7,9 @@ from tests.harness import assert_job_passes, shm_entries, spawn
 # A 4 KiB chunk reaches the multi-chunk paths of every collective with small inputs.
 SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
 
+# The compatibility tier (TESTING.md, "Every torch") takes each scenario at 3 ranks.
+THREE = pytest.param(3, marks=pytest.mark.compat)
+
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 @pytest.mark.parametrize("config", ["default", "small_chunks"])
@@ -20,7 +23,7 @@ def test_all_reduce_matrix(world_size, config):
     assert shm_entries() - before == set()
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("world_size", [1, 2, THREE, 4])
 @pytest.mark.parametrize("scenario", ["data_movement", "rooted_and_scattered"])
 def test_other_collectives(scenario, world_size):
     before = shm_entries()
@@ -47,13 +50,13 @@ def test_every_dtype_moved(world_size):
     assert_job_passes(result, min_cases=per_dtype * len(movement_scenarios.DTYPES))
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("world_size", [1, 2, THREE, 4])
 def test_api_surface(world_size):
     result = spawn("tests.scenarios:api_surface", world_size, env=SMALL_CHUNKS)
     assert_job_passes(result, min_cases=8)
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("world_size", [1, 2, THREE, 4])
 @pytest.mark.parametrize("config", ["default", "small_chunks"])
 def test_point_to_point(world_size, config):
     env = {**SMALL_CHUNKS, "SHMCOLL_P2P_BYTES": "4096"} if config == "small_chunks" else {}
@@ -61,7 +64,7 @@ def test_point_to_point(world_size, config):
     assert_job_passes(result, min_cases=1 if world_size == 1 else 25)
 
 
-@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("world_size", [1, THREE])
 def test_lifecycle(world_size):
     before = shm_entries()
     result = spawn("tests.scenarios:lifecycle", world_size)
@@ -75,12 +78,13 @@ def test_in_place_overlap(world_size):
     assert_job_passes(result, min_cases=6)
 
 
-@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("world_size", [1, THREE])
 def test_fast_paths(world_size):
     result = spawn("tests.scenarios:fast_paths", world_size, env=SMALL_CHUNKS)
     assert_job_passes(result, min_cases=30)
 
 
+@pytest.mark.compat
 def test_fast_paths_options_by_getters():
     """Where the options' fields are not found in torch's structs, the compiled path reads their getters."""
     result = spawn("tests.scenarios:fast_paths", 3, env={**SMALL_CHUNKS, "TEST_OPTIONS_BY_GETTERS": "1"})

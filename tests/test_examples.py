@@ -59,6 +59,7 @@ def test_training_example_gives_the_same_losses_on_both_backends(script, name, t
         (shm["losses"], gloo["losses"])
 
 
+@pytest.mark.compat
 def test_dtensor_example_passes_its_check_on_both_backends(tmp_path):
     """parallelize_module's functional all_reduces on shm, as on Gloo."""
     for backend in BACKENDS:

@@ -13,8 +13,11 @@ from tests.harness import REPO, assert_job_passes, rank_environment, shm_entries
 # 4 KiB chunks: the larger sizes of the scenarios take the multi-chunk paths.
 SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
 
+# The compatibility tier (TESTING.md, "Every torch") takes the scenarios that run at 2 and 3 ranks at 3.
+THREE = pytest.param(3, marks=pytest.mark.compat)
 
-@pytest.mark.parametrize("world_size", [2, 3])
+
+@pytest.mark.parametrize("world_size", [2, THREE])
 def test_list_shaped_apis_match_gloo(world_size):
     result = spawn("tests.library_scenarios:layouts", world_size, env=SMALL_CHUNKS)
     assert_job_passes(result, min_cases=33)
@@ -24,7 +27,7 @@ def test_integer_average_truncates_like_nccl():
     assert_job_passes(spawn("tests.library_scenarios:integer_average", 3, env=SMALL_CHUNKS), min_cases=9)
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, THREE])
 def test_direct_process_group_calls_match_gloo(world_size):
     assert_job_passes(spawn("tests.library_scenarios:direct_calls", world_size), min_cases=2)
 
@@ -45,11 +48,13 @@ def test_ddp_over_sparse_embeddings_matches_gloo(world_size):
     assert_job_passes(spawn("tests.library_scenarios:sparse_ddp", world_size), min_cases=2)
 
 
+@pytest.mark.compat
 def test_torch_compile():
     """Compiled functions calling eager collectives (aot_eager, inductor), and torch.compile(DDP(model))."""
     assert_job_passes(spawn("tests.library_scenarios:compiled", 2, timeout=600), min_cases=3)
 
 
+@pytest.mark.compat
 def test_fsdp2_state_dicts():
     """FSDP2 full state dicts loaded with broadcast_from_rank0 (model and optimizer)."""
     assert_job_passes(spawn("tests.library_scenarios:fsdp2_state_dicts", 2, timeout=300), min_cases=1)
@@ -61,6 +66,7 @@ def test_pipelining_matches_gloo(world_size):
     assert_job_passes(spawn("tests.library_scenarios:pipelining", world_size, timeout=300), min_cases=2)
 
 
+@pytest.mark.compat
 def test_distributed_checkpoint(tmp_path):
     """torch.distributed.checkpoint: save and async_save, then load into a fresh model."""
     assert_job_passes(spawn("tests.library_scenarios:checkpoint", 2, args=[str(tmp_path)], timeout=300),

@@ -1,7 +1,12 @@
 """torch.profiler sees every shm collective as it sees Gloo's: one event each, named shm:<collective>, with
 its input shapes; the same job on Gloo records the same events (tests.profiler_scenarios)."""
+import pytest
+
 from tests.harness import assert_job_passes, spawn
 from tests.profiler_scenarios import EXPECTED
+
+# The compatibility tier (TESTING.md, "Every torch"): this whole file runs on every supported torch in CI.
+pytestmark = pytest.mark.compat
 
 
 def _events(backend: str) -> list[dict]:

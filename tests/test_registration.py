@@ -1,10 +1,18 @@
 """The torch entry point: 'shm' exists after `import torch` alone, cheaply and idempotently."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
+import pytest
+import torch
+
+from shmcoll import _torch_compat
 from tests.harness import REPO, free_port, shm_entries
+
+# The compatibility tier (TESTING.md, "Every torch"): this whole file runs on every supported torch in CI.
+pytestmark = pytest.mark.compat
 
 
 def _python(code):
@@ -42,8 +50,8 @@ def test_newer_torch_than_tested_warns_once_per_process():
     error); the groups after it say nothing more."""
     out = _python("""
         import torch, torch.distributed as dist
-        from shmcoll import _torch_compat
-        major, minor = _torch_compat.NEWEST_TESTED
+        from shmcoll import torch_releases
+        major, minor = torch_releases.NEWEST_TESTED
         torch.__version__ = f"{major}.{minor + 1}.0"
         dist.init_process_group("shm", store=dist.HashStore(), rank=0, world_size=1)
         for _ in range(2):
@@ -62,6 +70,18 @@ def test_info_command_runs_without_torchrun():
     assert out.returncode == 0, out.stderr
     for expected in ("torch entry point", "shmcoll._autoload:register", "/dev/shm", "kernel library"):
         assert expected in out.stdout, (expected, out.stdout)
+    # the torch, against the releases tested, and what of torch's internals differs (torch_internals)
+    from shmcoll import torch_internals, torch_releases
+
+    rows = dict(re.findall(r"^(\S.*?)  +(.*)$", out.stdout, re.M))
+    range_ = _torch_compat.untested() or f"tested on {', '.join(torch_releases.RELEASES)}"
+    assert rows["torch"] == f"{torch.__version__} ({range_})", rows["torch"]
+    differ = [item for item, answer in torch_internals.results("shm", every=True) if answer is not None]
+    assert rows["torch internals"] == (
+        f"as shmcoll takes them ({len(torch_internals.ITEMS)} checked)" if not differ else
+        f"{len(differ)} of {len(torch_internals.ITEMS)} differ from what shmcoll takes:"), rows["torch internals"]
+    fallbacks = re.findall(r"^  fallback +(.*)$", out.stdout, re.M)
+    assert [line.split(": ")[0] for line in fallbacks] == [item.takes for item in differ], fallbacks
     lines = {line.split()[0]: line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
     assert lines["$SHMCOLL_CHUNK_BYTES"] == "1M" and lines["chunk_bytes"] == "1048576", out.stdout
 

@@ -43,7 +43,8 @@ import torch
 
 from tests.harness import shm_entries, spawn
 
-WORLD_SIZES = [2, 3]
+# The compatibility tier (TESTING.md, "Every torch") takes every workload at 2 ranks, on both backends.
+WORLD_SIZES = [pytest.param(2, marks=pytest.mark.compat), 3]
 BACKENDS = ["gloo", "shm"]
 
 # Must match tests/workloads.py WORKLOADS (checked by test_workload_list).
@@ -107,6 +108,7 @@ def jobs():
     return get
 
 
+@pytest.mark.compat
 def test_workload_list():
     from tests.workloads import WORKLOADS as defined
 

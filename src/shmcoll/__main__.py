@@ -1,6 +1,7 @@
 """``python -m shmcoll``: diagnostics and maintenance commands.
 
-  info   versions, entry point, CPUs, /dev/shm, kernel library, SHMCOLL_* settings
+  info   versions (torch against the tested releases, and every fallback for torch's internals), entry point,
+         CPUs, /dev/shm, kernel library, SHMCOLL_* settings
   warm   compile the reduction kernels into their native library ahead of time
   bench  shm against gloo (and Open MPI, if installed) on N local ranks: table, JSON, PNG
 """
@@ -38,12 +39,15 @@ def _info(_args) -> int:
     import torch
     import torch.distributed as dist
 
-    from shmcoll import _env, _segment, kernel_library, topology
+    from shmcoll import _env, _registration, _segment, _torch_compat, kernel_library, topology, torch_internals
+    from shmcoll import torch_releases
 
     settings = _env.read_settings()
+    tested = f"tested on {', '.join(torch_releases.RELEASES)}"
     rows = [
         ("shmcoll", version("shmcoll")),
-        ("torch", torch.__version__),
+        ("torch", f"{torch.__version__} ({_torch_compat.untested() or tested})"),
+        *_internals_rows(torch_internals.results(_registration.BACKEND_NAME, every=True)),
         ("numba", version("numba")),
         ("python", sys.version.split()[0]),
         ("torch entry point", ", ".join(f"{e.name} -> {e.value}" for e in entry_points(group="torch.backends")
@@ -90,6 +94,17 @@ def _info(_args) -> int:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     return 0
+
+
+def _internals_rows(answers) -> list[tuple[str, str]]:
+    """What shm takes from torch's internals (torch_internals): one row if all is as shm takes it, else one per
+    item that falls back or has changed."""
+    different = [(item, answer) for item, answer in answers if answer is not None]
+    if not different:
+        return [("torch internals", f"as shmcoll takes them ({len(answers)} checked)")]
+    return [("torch internals", f"{len(different)} of {len(answers)} differ from what shmcoll takes:"),
+            *(("  fallback" if isinstance(answer, str) else "  CHANGED", f"{item.takes}: {answer}")
+              for item, answer in different)]
 
 
 def _single_copy_state(settings) -> str:

@@ -27,6 +27,11 @@ def register_backend() -> bool:
 
 def _create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta):
     # Imported here so registration never pays for NumPy, Numba or the extension.
+    from shmcoll import torch_internals
+
+    # What the group takes from torch's internals, checked by the first group of a process before it is built
+    # (a torch that changed one fails here, naming it, not later inside torch).
+    torch_internals.check(BACKEND_NAME, rank)
     from shmcoll.pg_bindings import ProcessGroupShm
 
     return ProcessGroupShm(store, rank, world_size, timeout)

@@ -6,29 +6,27 @@ Every other module asks this one instead of testing versions itself:
                    from torch 2.13; torch 2.11 and 2.12 only give it through the op's
                    pickle state, ``(RedOpType.PREMUL_SUM, factor)``.
   skip_dynamo      keeps a function and everything it calls out of TorchDynamo.
-  NEWEST_TESTED    the newest torch release the test suite has passed on; a newer one
-                   is used all the same, with one warning per process (``untested``).
+  untested         a torch newer than the newest release the test suite has passed on
+                   (``torch_releases``) is used all the same, with one warning per process.
 
 Probed by capability, not by version number, so a backport or a nightly behaves
-as what it can do. The version number only decides that warning.
+as what it can do. The version number only decides that warning. Each of torch's
+internals these lean on is an item of ``torch_internals``, checked when the first
+group of a process is made.
 """
 from __future__ import annotations
 
-import re
 import threading
 
 import torch
 from torch._C import _distributed_c10d as c10d
 from torch.distributed import distributed_c10d
 
+from shmcoll import torch_releases
 from shmcoll._logging import log
 
-__all__ = ["AllgatherOptions", "COLLECTIVE_WRAPPERS", "NEWEST_TESTED", "premul_factor", "skip_dynamo", "fail_loud_backend", "untested",
-           "warn_if_untested"]
-
-# (major, minor) of the newest torch the whole test suite has passed on (docs/DESIGN.md lists each
-# tested release). Raise it only after the suite passes on the new release.
-NEWEST_TESTED = (2, 14)
+__all__ = ["AllgatherOptions", "COLLECTIVE_WRAPPERS", "dynamo_switch", "premul_factor", "skip_dynamo",
+           "fail_loud_backend", "untested", "warn_if_untested"]
 
 _warned = threading.Lock()  # held for good once the warning is out: once per process, whichever thread
 
@@ -51,7 +49,7 @@ def premul_factor(redop) -> float:
     return float(factor.item() if isinstance(factor, torch.Tensor) else factor)
 
 
-def _recursive_skip():
+def dynamo_switch():
     """Dynamo's per-code-object switch, if this torch has it: (set_strategy, strategy) or None.
 
     Setting (SKIP, SKIP) on a function's code object makes Dynamo run that frame,
@@ -69,14 +67,14 @@ def _recursive_skip():
 
 
 def skip_dynamo(cls) -> None:
-    """Keep every method ``cls`` defines out of TorchDynamo (see ``_recursive_skip``).
+    """Keep every method ``cls`` defines out of TorchDynamo (see ``dynamo_switch``).
 
     When a compiled function calls ``dist.all_reduce``, Dynamo graph-breaks in
     torch's wrapper and then tries to compile the frame of our Python method,
     stopping at the first member it may not read (``UnsafeScriptObjectError``).
     Gloo's methods are C++, so nothing is traced there; ours must not be either.
     """
-    switch = _recursive_skip()
+    switch = dynamo_switch()
     for name, member in list(vars(cls).items()):
         function = getattr(member, "__func__", member)
         code = getattr(function, "__code__", None)
@@ -105,18 +103,20 @@ def fail_loud_backend(rank: int, size: int):
 
 
 def untested(version: str | None = None) -> str | None:
-    """Why torch ``version`` (default: this one) is untested, or None: newer than ``NEWEST_TESTED``.
+    """Why torch ``version`` (default: this one) is untested, or None: newer than the newest tested release.
 
     Compared by (major, minor), so a patch release or a nightly of a tested minor version counts as tested.
     """
     version = torch.__version__ if version is None else str(version)
-    found = re.match(r"(\d+)\.(\d+)", version)
-    if found is None or (int(found[1]), int(found[2])) <= NEWEST_TESTED:
+    found = torch_releases.minor(version)
+    if found is None or found <= torch_releases.NEWEST_TESTED:
         return None
-    newest = ".".join(map(str, NEWEST_TESTED))
+    newest = ".".join(map(str, torch_releases.NEWEST_TESTED))
+    release = version.split("+")[0]
     return (f"torch {version} is newer than the newest torch shmcoll was tested on ({newest}); the shm "
             f"backend should work, but if it misbehaves, please report it with the output of "
-            f"`python -m shmcoll info`")
+            f"`python -m shmcoll info`. To check this torch, run shmcoll's test suite on it: "
+            f"`bash tests/matrix.sh {release}` in a clone of shmcoll (TESTING.md, 'A new torch')")
 
 
 def warn_if_untested() -> None:

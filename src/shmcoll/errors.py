@@ -60,3 +60,8 @@ class InterNodeError(ShmcollError):
 
     def __reduce__(self):  # pickles with its peers
         return type(self), (str(self), self.peers)
+
+
+class TorchChangedError(ShmcollError):
+    """This torch lacks, or changed, something of its internals that shm cannot work without
+    (``torch_internals``): raised by the first group of a process, naming the torch version and what changed."""

@@ -28,6 +28,9 @@ wait is skipped, which is what Gloo-only jobs get from torch.
 
 Gloo groups alone are torch's to fix; this hook is installed only by processes
 that made an shm group (the jobs whose exits are ours to answer for).
+
+The workers are known by the name torch's ProcessGroupGloo gives their threads,
+which torch may change; ``workers_carry_the_name`` checks it (torch_internals).
 """
 from __future__ import annotations
 
@@ -97,3 +100,36 @@ def _idle(call: list[str]) -> bool:
         return False
     operation, timeout = int(call[2], 16), int(call[4], 16)
     return operation & _FUTEX_COMMAND_MASK == _FUTEX_WAIT_BITSET and timeout == 0
+
+
+def workers_carry_the_name() -> str | None:
+    """None if a Gloo group's worker threads carry the name this module waits for, else what was found instead.
+
+    It makes a one-rank Gloo group and runs one collective on it, after which its workers have started and
+    named themselves: too dear for every process (``python -m shmcoll info`` and the tests run it)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    before = _thread_names()
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=30))
+    try:
+        group.allreduce([torch.zeros(1)]).wait()
+        if _GLOO_WORKER in _thread_names():
+            return None
+        found = sorted(set(_thread_names()) - set(before)) or ["no new thread"]
+    finally:
+        del group
+    return f"a Gloo group's threads are named {', '.join(found)}, none {_GLOO_WORKER}"
+
+
+def _thread_names() -> list[str]:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # the thread has ended
+            continue
+    return names

@@ -50,3 +50,10 @@ def _simple_pybind11(options_type) -> bool:
     value right after the object's header (pybind11's simple layout), the one layout the probe reads."""
     return (type(options_type).__name__ == "pybind11_type" and len(options_type.__mro__) == 3
             and options_type.__mro__[1].__name__ == "pybind11_object")
+
+
+def unread() -> list[str]:
+    """Every field the small collectives read that the probe did not find on this torch ("AllreduceOptions.reduceOp"),
+    each read through its getter instead (torch_internals lists them)."""
+    return [f"{options_type.__name__}.{name}" for options_type in _FIELDS
+            for name, at in offsets(options_type).items() if at < 0]

@@ -12,14 +12,35 @@ thread that started it (and of the threads it hands its state to), not those of
 the progress thread, so an ``async_op=True`` collective's event spans its issue
 to its completion, as Gloo's does. Where no profiler is active nothing is
 recorded, at the cost of one check (~0.1 us).
+
+Both come from torch's internals (``_profiler_enabled``, ``_RecordFunctionFast``, as
+torch's own Python records its fast events). On a torch without them, or whose event
+takes other arguments, nothing is recorded at all: ``unavailable`` says why, and
+``torch_internals`` logs it once and ``python -m shmcoll info`` lists it.
 """
 from __future__ import annotations
 
-from torch._C._autograd import _profiler_enabled
-from torch._C._profiler import _RecordFunctionFast
-
 from shmcoll import descriptors
 
+
+def _never() -> bool:
+    return False
+
+
+def _probe():
+    """torch's (is a profiler on, event type), or (never, None) and why not: an event made as ``_begin`` makes
+    them, not entered, so a changed signature shows here and not in a collective's call."""
+    try:
+        from torch._C._autograd import _profiler_enabled
+        from torch._C._profiler import _RecordFunctionFast
+
+        _RecordFunctionFast("shm:probe", [], {"Group size": 1})
+    except (ImportError, TypeError, RuntimeError) as error:
+        return _never, None, f"{type(error).__name__}: {error}"
+    return _profiler_enabled, _RecordFunctionFast, None
+
+
+_profiler_enabled, _RecordFunctionFast, unavailable = _probe()
 active = _profiler_enabled  # whether a profiler is on (callers that skip start() when not: one call less)
 
 # "shm:<kind>" for each descriptor kind, made once.

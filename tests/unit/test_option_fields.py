@@ -8,6 +8,9 @@ import torch.distributed as dist
 
 from shmcoll import _schedules, option_fields
 
+# The compatibility tier (TESTING.md, "Every torch"): this whole file runs on every supported torch in CI.
+pytestmark = pytest.mark.compat
+
 TYPES = list(option_fields._FIELDS)
 
 
