@@ -161,3 +161,16 @@ def test_a_fallback_is_logged_once_on_the_first_rank(monkeypatch, caplog, first_
     # one line per fallback in use: this one, and any this torch has anyway (torch 2.12: ReduceOp.factor's)
     assert len([line for line in said if "torch.compiler.disable" in line]) == lines, said
     assert len(said) == len(set(said)) and (rank == 0 or not said), said
+
+
+def test_collective_wrappers_moved_out_of_distributed_c10d(monkeypatch):
+    """A wrapper torch defines elsewhere gets no shared Work: said as the fallback, naming the wrapper."""
+    original = dist.all_reduce
+
+    def all_reduce(*args, **kwargs):  # this module's globals, as a wrapper moved to another module would have
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    _fallback("collective wrappers", "torch.distributed.all_reduce each get a Work of their own")
+    monkeypatch.setattr(dist, "all_reduce", original)
+    assert _answer("collective wrappers") is None
