@@ -217,11 +217,18 @@ cdef class SmallCollectives:
         state.in_collective = True  # the arena is in use: teardown must not unmap it under us
 
     cdef inline int64_t _first_slice(self, bint async_op) noexcept:
-        """Make the schedule's first call of an asynchronous collective wait no longer than the spin budget (the
-        rest is the progress thread's); returns the slice to restore after it."""
+        """Make the schedule's first call of an asynchronous collective wait no longer than it would before it
+        sleeps (the rest is the progress thread's); returns the slice to restore after it.
+
+        That is the spin budget; and where local ranks outnumber the cores (``yield_company``), the yield
+        budget too, which hands this core to the peers the call waits for (they need one to arrive): a call
+        left to the progress thread there costs its wake-ups on crowded cores, 5-15x the synchronous call (4
+        ranks on 2 cores, BENCHMARKS "Asynchronous means asynchronous"), where the peers mostly arrive within
+        the yields."""
         cdef int64_t slice_ns = self.schedule.s.slice_ns
         if async_op:
-            self.schedule.s.slice_ns = self.schedule.s.spin_ns
+            self.schedule.s.slice_ns = self.schedule.s.spin_ns + (
+                self.schedule.s.yield_ns if self.schedule.s.yield_company > 0 else 0)
         return slice_ns
 
     cdef object _settle(self, finish, tuple args, result, inputs, uint64_t desc, bint async_op):
