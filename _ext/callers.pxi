@@ -6,54 +6,106 @@
 # and drop it, where a caller of the group's method may keep it and ask for its ``result()``. The caller is
 # the one fact that tells them apart (``shmcoll.work.ProgressEngine.completed``, ``front.pxi``); a new Work
 # costs more than the rest of an 8-byte all-reduce's own work (0.6-1.3 us, a pybind11 object), this check
-# about a tenth of that.
+# a few pointer reads per frame.
 #
 # Cython functions push no frame, so the innermost Python frame is the shmcoll module that called in
 # (``shmcoll.pg_bindings`` and below); the walk skips the package's frames by their module name.
+#
+# The walk reads the interpreter's own frame records where CPython keeps them apart from frame objects (3.11
+# to 3.13, its internal header): asking for frame objects there (PyEval_GetFrame, PyFrame_GetBack) makes
+# one per frame walked, which cost an 8-byte dist.all_reduce 0.2-0.3 us (BENCHMARKS "the caller check").
+# Elsewhere (3.10, whose frames are objects anyway, and a CPython newer than this was written for) it
+# walks the frame objects.
 from cpython.object cimport PyObject
 
 cdef extern from *:
     """
-    #include <frameobject.h>
-    /* Borrowed references, on every CPython shmcoll builds for (PyFrame_GetGlobals is 3.11's). */
+    #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(PYPY_VERSION)
+    #  define SHMCOLL_INTERPRETER_FRAMES 1
+    #  ifndef Py_BUILD_CORE
+    #    define Py_BUILD_CORE 1
+    #  endif
+    #  include "internal/pycore_frame.h"
+    #else
+    #  define SHMCOLL_INTERPRETER_FRAMES 0
+    #  include <frameobject.h>
+    #endif
+
+    /* The globals of the innermost running Python frame (borrowed), and of the one below it: *position
+       stands for the frame walked. NULL where there is none. */
+    #if SHMCOLL_INTERPRETER_FRAMES
+    typedef _PyInterpreterFrame *shmcoll_frame_t;
+    static inline int shmcoll_frame_skipped(_PyInterpreterFrame *frame) {
+    #  if PY_VERSION_HEX >= 0x030C0000
+        if (frame->owner == FRAME_OWNED_BY_CSTACK) return 1;  /* the C stack's entry marker, no code's */
+    #  endif
+        return _PyFrame_IsIncomplete(frame);  /* pushed, not yet running: PyFrame_GetBack skips these too */
+    }
+    static inline _PyInterpreterFrame *shmcoll_running(_PyInterpreterFrame *frame) {
+        while (frame != NULL && shmcoll_frame_skipped(frame)) frame = frame->previous;
+        return frame;
+    }
+    static inline PyObject *shmcoll_innermost_globals(shmcoll_frame_t *position) {
+        PyThreadState *tstate = PyThreadState_Get();
+    #  if PY_VERSION_HEX >= 0x030D0000
+        *position = shmcoll_running(tstate->current_frame);
+    #  else
+        *position = shmcoll_running(tstate->cframe->current_frame);
+    #  endif
+        return *position == NULL ? NULL : (*position)->f_globals;
+    }
+    static inline PyObject *shmcoll_outer_globals(shmcoll_frame_t *position) {
+        *position = shmcoll_running((*position)->previous);
+        return *position == NULL ? NULL : (*position)->f_globals;
+    }
+    #else
+    typedef PyFrameObject *shmcoll_frame_t;
     static PyObject *shmcoll_frame_globals(PyFrameObject *frame) {
-    #if PY_VERSION_HEX >= 0x030B0000
+        if (frame == NULL) return NULL;
+    #  if PY_VERSION_HEX >= 0x030B0000
         PyObject *globals = PyFrame_GetGlobals(frame);
         Py_XDECREF(globals);  /* the frame holds it */
         return globals;
-    #else
+    #  else
         return frame->f_globals;
-    #endif
+    #  endif
     }
-    static PyFrameObject *shmcoll_frame_back(PyFrameObject *frame) {
-        PyFrameObject *back = PyFrame_GetBack(frame);
+    static inline PyObject *shmcoll_innermost_globals(shmcoll_frame_t *position) {
+        *position = PyEval_GetFrame();
+        return shmcoll_frame_globals(*position);
+    }
+    static inline PyObject *shmcoll_outer_globals(shmcoll_frame_t *position) {
+        PyFrameObject *back = PyFrame_GetBack(*position);
         Py_XDECREF(back);  /* the running frame below holds it */
-        return back;
+        *position = back;
+        return shmcoll_frame_globals(back);
     }
+    #endif
     """
-    ctypedef struct PyFrameObject
-    PyFrameObject *PyEval_GetFrame()
-    PyObject *shmcoll_frame_globals(PyFrameObject *frame)
-    PyFrameObject *shmcoll_frame_back(PyFrameObject *frame)
-    PyObject *PyDict_GetItemString(PyObject *d, const char *key)
+    ctypedef void *shmcoll_frame_t
+    PyObject *shmcoll_innermost_globals(shmcoll_frame_t *position)
+    PyObject *shmcoll_outer_globals(shmcoll_frame_t *position)
+    PyObject *PyDict_GetItem(PyObject *d, PyObject *key)
     int PyUnicode_Tailmatch(object text, object part, Py_ssize_t start, Py_ssize_t end, int direction) except -1
 
 cdef str _PACKAGE = "shmcoll."
+cdef str _NAME = "__name__"  # one key object, its hash kept: each lookup makes no string
 
 
 cdef inline bint called_from(object module_globals) noexcept:
     """Whether the innermost Python frame outside the shmcoll package runs code of the module whose globals are
-    ``module_globals`` (False where there is none, or on any error)."""
-    cdef PyFrameObject *frame = PyEval_GetFrame()
-    cdef PyObject *globals
+    ``module_globals``, a module outside the package (False where there is none, or on any error)."""
+    cdef shmcoll_frame_t position
+    cdef PyObject *globals = shmcoll_innermost_globals(&position)
+    cdef PyObject *package_globals = NULL  # the last frame's, found the package's: its callers are mostly its own
     cdef PyObject *name
-    while frame != NULL:
-        globals = shmcoll_frame_globals(frame)
-        if globals == NULL:
-            return False
+    while globals != NULL:
         if globals == <PyObject *>module_globals:
             return True
-        name = PyDict_GetItemString(globals, "__name__")
+        if globals == package_globals:
+            globals = shmcoll_outer_globals(&position)
+            continue
+        name = PyDict_GetItem(globals, <PyObject *>_NAME)
         if name == NULL or type(<object>name) is not str:
             return False
         try:
@@ -61,6 +113,6 @@ cdef inline bint called_from(object module_globals) noexcept:
                 return False
         except Exception:
             return False
-        frame = shmcoll_frame_back(frame)
+        package_globals = globals
+        globals = shmcoll_outer_globals(&position)
     return False
-
