@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from shmcoll import _torch_compat, checks, staging
 from shmcoll.backend import Collectives
-from shmcoll.work import WritingBack
+from shmcoll.work import AsyncWork, CompletedWork, ProgressEngine, WritingBack
 
 _CPU = torch.device("cpu")
 
@@ -68,7 +68,7 @@ def _general_path(method=None, *, name: str | None = None, writes: int | None = 
     decorated one's). Tensors whose memory holds other values than torch shows (lazily negated or conjugated
     views, ``staging.shows_other_values``) are read through copies that hold the values torch shows, and those
     of the argument at index ``writes`` (the outputs, in place or not; None: the call writes none) are copied
-    back once the call is done (``work.WritingBack``): the algorithms read and write raw memory.
+    back once the call is done (``WritingBack``): the algorithms read and write raw memory.
     """
     if method is None:
         return functools.partial(_general_path, name=name, writes=writes)
@@ -83,8 +83,8 @@ def _general_path(method=None, *, name: str | None = None, writes: int | None = 
         if swapped is None:
             return method(self, *args, **kwargs)
         stand_ins, write_back = swapped
-        work = method(self, *stand_ins, **kwargs)
-        return WritingBack(work, write_back, _listed(args[writes])) if write_back else work
+        done = method(self, *stand_ins, **kwargs)
+        return WritingBack(done, write_back, _listed(args[writes])) if write_back else done
 
     return general
 
@@ -256,5 +256,10 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
         return Collectives.recv_anysource(self, tensors, tag)
 
 
-_torch_compat.skip_dynamo(Collectives)
-_torch_compat.skip_dynamo(ProcessGroupShm)
+# torch reaches these from compiled code (a compiled function's collective, DDP's comm hook under torch.compile,
+# a functional collective's wait_tensor): Dynamo must run their methods, and what those call, as plain Python,
+# where it would stop at the group's members (UnsafeScriptObjectError: the group lost). The Works and the engine
+# are here too: a waiter that helps the engine runs a queued collective's closure, which Dynamo traced.
+for _kept_out in (Collectives, ProcessGroupShm, CompletedWork, AsyncWork, WritingBack, ProgressEngine):
+    _torch_compat.skip_dynamo(_kept_out)
+del _kept_out

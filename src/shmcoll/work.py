@@ -437,12 +437,3 @@ class ProgressEngine:
                 self._waiters -= 1
         self.close()  # the thread, now idle, exits
         return True
-
-
-# torch calls these Works' methods from compiled code (a functional collective's wait_tensor, DDP's comm hook under
-# torch.compile): Dynamo must run them, and what they call (a waiter helping the engine run a queued collective's
-# closure), as plain Python, as it does the group's methods (pg_bindings). Without it Dynamo traced a queued
-# collective run by a waiting thread and stopped at the group's members (UnsafeScriptObjectError: the group lost).
-for _work_type in (CompletedWork, AsyncWork, WritingBack, ProgressEngine):
-    _torch_compat.skip_dynamo(_work_type)
-del _work_type
