@@ -135,12 +135,20 @@ _WAITING_WRAPPERS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gat
                      "scatter", "barrier")
 
 
+def _module_globals_of(function_name: str):
+    """The globals of the module that defines ``torch.distributed.<function_name>`` beneath its decorators (torch
+    wraps its collectives in loggers defined elsewhere); None where torch.distributed has no such function."""
+    function = getattr(dist, function_name, None)
+    if function is None:
+        return None
+    return getattr(inspect.unwrap(function), "__globals__", None)
+
+
 def _shared_work(name: str) -> str | None:
     # A wrapper defined elsewhere is only slower (its calls each get a Work of their own), never wrong: a Work is
     # shared only with frames whose globals are COLLECTIVE_WRAPPERS.
     moved = [wrapper for wrapper in _WAITING_WRAPPERS
-             if getattr(inspect.unwrap(getattr(dist, wrapper, None) or (lambda: None)), "__globals__", None)
-             is not _torch_compat.COLLECTIVE_WRAPPERS]
+             if _module_globals_of(wrapper) is not _torch_compat.COLLECTIVE_WRAPPERS]
     if not moved:
         return None
     return (f"synchronous calls through torch.distributed.{', '.join(moved)} each get a Work of their own (about a "
