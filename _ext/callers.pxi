@@ -9,14 +9,16 @@
 # a few pointer reads per frame.
 #
 # Cython functions push no frame, so the innermost Python frame is the shmcoll module that called in
-# (``shmcoll.pg_bindings`` and below); the walk skips the package's frames by their module name.
+# (``shmcoll.pg_bindings`` and below); the walk skips the package's frames by their module's name, read once
+# per module.
 #
 # The walk reads the interpreter's own frame records where CPython keeps them apart from frame objects (3.11
 # to 3.13, its internal header): asking for frame objects there (PyEval_GetFrame, PyFrame_GetBack) makes
-# one per frame walked, which cost an 8-byte dist.all_reduce 0.2-0.3 us (BENCHMARKS "the caller check").
+# one per frame walked, which cost an 8-byte dist.all_reduce 0.2-0.3 us (BENCHMARKS, "The caller check").
 # Elsewhere (3.10, whose frames are objects anyway, and a CPython newer than this was written for) it
 # walks the frame objects.
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
 
 cdef extern from *:
     """
@@ -91,28 +93,50 @@ cdef extern from *:
 cdef str _PACKAGE = "shmcoll."
 cdef str _NAME = "__name__"  # one key object, its hash kept: each lookup makes no string
 
+# The globals of the package's modules met so far (held: a module's globals never move nor die while it is
+# imported, and held they cannot be freed and their address reused), so that the walk passes the package's
+# frames by address, reading no module name: the package has fewer modules than this holds.
+cdef enum:
+    _KNOWN_MOST = 32
+cdef PyObject *_known[_KNOWN_MOST]
+cdef Py_ssize_t _known_count = 0
+
+
+cdef inline bint _known_package(PyObject *globals) noexcept:
+    cdef Py_ssize_t i
+    for i in range(_known_count):
+        if _known[i] == globals:
+            return True
+    return False
+
+
+cdef bint _in_package(PyObject *globals) noexcept:
+    """Whether ``globals`` are those of a module of the package (its name starts with ``shmcoll.``); learnt."""
+    global _known_count
+    cdef PyObject *name = PyDict_GetItem(globals, <PyObject *>_NAME)
+    if name == NULL or type(<object>name) is not str:
+        return False
+    try:
+        if not PyUnicode_Tailmatch(<object>name, _PACKAGE, 0, len(_PACKAGE), -1):
+            return False
+    except Exception:
+        return False
+    if _known_count < _KNOWN_MOST:
+        Py_INCREF(<object>globals)
+        _known[_known_count] = globals
+        _known_count += 1
+    return True
+
 
 cdef inline bint called_from(object module_globals) noexcept:
     """Whether the innermost Python frame outside the shmcoll package runs code of the module whose globals are
     ``module_globals``, a module outside the package (False where there is none, or on any error)."""
     cdef shmcoll_frame_t position
     cdef PyObject *globals = shmcoll_innermost_globals(&position)
-    cdef PyObject *package_globals = NULL  # the last frame's, found the package's: its callers are mostly its own
-    cdef PyObject *name
     while globals != NULL:
         if globals == <PyObject *>module_globals:
             return True
-        if globals == package_globals:
-            globals = shmcoll_outer_globals(&position)
-            continue
-        name = PyDict_GetItem(globals, <PyObject *>_NAME)
-        if name == NULL or type(<object>name) is not str:
+        if not (_known_package(globals) or _in_package(globals)):
             return False
-        try:
-            if not PyUnicode_Tailmatch(<object>name, _PACKAGE, 0, len(_PACKAGE), -1):
-                return False
-        except Exception:
-            return False
-        package_globals = globals
         globals = shmcoll_outer_globals(&position)
     return False
