@@ -9,7 +9,7 @@
 # a few pointer reads per frame.
 #
 # Cython functions push no frame, so the innermost Python frame is the shmcoll module that called in
-# (``shmcoll.pg_bindings`` and below); the walk skips the package's frames by their module's name, read once
+# (``shmcoll.process_group`` and below); the walk skips the package's frames by their module's name, read once
 # per module.
 #
 # The walk reads the interpreter's own frame records where CPython keeps them apart from frame objects (3.11

@@ -51,7 +51,7 @@ cdef class StepCount:
 
 
 cdef class GroupState:
-    """A group's state that every collective updates (``shmcoll.backend.Collectives._state``), in C so that the
+    """A group's state that every collective updates (``shmcoll.collectives.Collectives._state``), in C so that the
     compiled small collectives (front.pxi) update it without Python attribute lookups: collectives started
     (``seq``) and the one in progress (``desc``), for messages; whether one runs now (``in_collective``:
     teardown must not unmap the arena under it); the first failure (``error``), after which the group

@@ -37,7 +37,7 @@ def rank_main(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from shmcoll.backend import of_group
+    from shmcoll.collectives import of_group
 
     torch.set_num_threads(1)
     dist.init_process_group("shm", init_method="env://")

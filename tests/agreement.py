@@ -68,7 +68,7 @@ def mixed_settings(cases):
         cases.run(case, send_recv)
 
     from shmcoll import _env
-    from shmcoll.backend import of_group
+    from shmcoll.collectives import of_group
 
     return {"settings": _env.group_wide(of_group().placement.settings)}
 

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 import shmcoll  # noqa: F401  (registers "shm")
-import shmcoll.backend  # noqa: F401  (what the first shm group would import)
+import shmcoll.collectives  # noqa: F401  (what the first shm group would import)
 from shmcoll import _segment, kernel_library
 from tests import leaks
 
@@ -318,10 +318,10 @@ def window_consumer_fails(rank: Rank, failing: int, timeout: float):
     does), and the consumer of rank ``failing`` raises at the second window: an error of that rank alone,
     so it must give up on the arena at once, and the others raise within a slice or two instead of at
     the timeout."""
-    from shmcoll import backend, descriptors
+    from shmcoll import collectives, descriptors
 
     rank.init(timeout=timeout)
-    placement = backend.of_group()._placement
+    placement = collectives.of_group()._placement
     data = torch.full((3 * 4096,), rank.rank, dtype=torch.uint8)  # three windows of 4 KiB chunks
 
     def consume(start, n, addresses):
@@ -584,7 +584,7 @@ def bad_input(rank: Rank, backend: str = "shm", timeout: float = 10.0, asym_time
     """Every rank makes the same bad call; then a good all_reduce must still work on the same group."""
     rank.init(timeout=timeout, backend=backend)
     # Good float32 calls first: later calls of the same kind and dtype try the fast paths
-    # (shmcoll.backend), which must hand every bad one to the general checks.
+    # (shmcoll.collectives), which must hand every bad one to the general checks.
     world = rank.world
     dist.all_gather_into_tensor(torch.zeros(4 * world), torch.ones(4))
     dist.reduce_scatter_tensor(torch.zeros(4), torch.ones(4 * world))

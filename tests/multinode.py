@@ -21,7 +21,7 @@ SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024", "S
 
 def _backend(group=None):
     """This rank's shm backend of ``group`` (default: the default group)."""
-    from shmcoll.backend import of_group
+    from shmcoll.collectives import of_group
 
     return of_group(group)
 

@@ -866,7 +866,7 @@ def single_copy_over_lanes(cases, big: str = "20011"):
     """The all-reduce matrix, every data-movement collective, the rooted ones and all_to_all with single copy
     forced on and several lanes:
     their reads and reductions split over the lane threads, which single copy must have borrowed."""
-    from shmcoll.backend import of_group
+    from shmcoll.collectives import of_group
 
     allreduce_matrix(cases, big)
     data_movement(cases, big)
@@ -906,7 +906,7 @@ def fast_paths(cases):
     """A call of an (op, dtype, root) met before takes its collective's fast path (no ``_launch``) when it is
     synchronous, or asynchronous and small, with plain tensors; anything else takes the general path; both
     give the reference's result."""
-    from shmcoll.backend import of_group
+    from shmcoll.collectives import of_group
 
     rank, world = dist.get_rank(), dist.get_world_size()
     pg = of_group()

@@ -24,7 +24,7 @@ def test_import_torch_registers_shm_without_loading_heavy_modules():
     out = _python("""
         import sys, torch, torch.distributed as dist
         assert "shm" in dist.Backend.backend_list, dist.Backend.backend_list
-        heavy = [m for m in ("numba", "shmcoll.backend", "shmcoll._segment", "shmcoll.kernels") if m in sys.modules]
+        heavy = [m for m in ("numba", "shmcoll.collectives", "shmcoll._segment", "shmcoll.kernels") if m in sys.modules]
         assert not heavy, heavy
         import shmcoll
         assert shmcoll.register_backend() and shmcoll.register_backend()  # idempotent

@@ -16,7 +16,7 @@ from shmcoll._registration import BACKEND_NAME, register_backend
 from shmcoll.errors import CollectiveError, PeerDiedError, PeerGaveUpError, PeerTimeoutError, ShmcollError
 
 if TYPE_CHECKING:
-    from shmcoll.pg_bindings import ProcessGroupShm
+    from shmcoll.process_group import ProcessGroupShm
 
 __version__ = "0.1.0"
 __all__ = ["BACKEND_NAME", "CollectiveError", "PeerDiedError", "PeerGaveUpError", "PeerTimeoutError",
@@ -28,10 +28,10 @@ register_backend()
 def __getattr__(name: str) -> Any:
     """``shmcoll.ProcessGroupShm`` on first use: importing it loads NumPy, Numba and the extension.
 
-    It is the class the "shm" creator returns: a ProcessGroup subclass (``shmcoll.pg_bindings``).
+    It is the class the "shm" creator returns: a ProcessGroup subclass (``shmcoll.process_group``).
     """
     if name == "ProcessGroupShm":
-        from shmcoll.pg_bindings import ProcessGroupShm
+        from shmcoll.process_group import ProcessGroupShm
 
         return ProcessGroupShm
     raise AttributeError(f"module 'shmcoll' has no attribute {name!r}")

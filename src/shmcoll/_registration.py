@@ -32,6 +32,6 @@ def _create_process_group(store: dist.Store, rank: int, world_size: int, timeout
     # What the group takes from torch's internals, checked by the first group of a process before it is built
     # (a torch that changed one fails here, naming it, not later inside torch).
     torch_internals.check(BACKEND_NAME, rank)
-    from shmcoll.pg_bindings import ProcessGroupShm
+    from shmcoll.process_group import ProcessGroupShm
 
     return ProcessGroupShm(store, rank, world_size, timeout)

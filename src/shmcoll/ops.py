@@ -101,7 +101,7 @@ class Reduction(NamedTuple):
     @property
     def fixed(self) -> bool:
         """Every call of this (op, dtype) runs alike: no factor read from the call (PREMUL_SUM), no real view
-        (complex), nothing after (integer AVG): the plans the fast paths of ``shmcoll.backend`` keep."""
+        (complex), nothing after (integer AVG): the plans the fast paths of ``shmcoll.collectives`` keep."""
         return not (self.premul or self.as_real or self.int_average)
 
     def view(self, tensor: torch.Tensor) -> torch.Tensor:

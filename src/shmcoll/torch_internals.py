@@ -81,7 +81,7 @@ def _default_group(name: str) -> str | None:
     if hasattr(distributed_c10d, "_get_default_group"):
         return None
     # Only the tests and the benchmarks ask of_group for the default group: nothing a job does needs it.
-    return "backend.of_group() needs its group named (torch.distributed.distributed_c10d has no _get_default_group)"
+    return "collectives.of_group() needs its group named (torch.distributed.distributed_c10d has no _get_default_group)"
 
 
 def _premul_factor(name: str) -> str | None:
@@ -165,11 +165,11 @@ def _gloo_worker_name(name: str) -> str | None:
 
 ITEMS = (
     Item("Backend.register_backend(name, creator, devices=['cpu'])", "_registration", _registered_for_cpu),
-    Item("ProcessGroup._register_backend, BackendType.CUSTOM", "pg_bindings", _group_method("_register_backend")),
-    Item("ProcessGroup._set_default_backend", "pg_bindings", _group_method("_set_default_backend")),
+    Item("ProcessGroup._register_backend, BackendType.CUSTOM", "process_group", _group_method("_register_backend")),
+    Item("ProcessGroup._set_default_backend", "process_group", _group_method("_set_default_backend")),
     Item("FakeProcessGroup._create_internal, FakeProcessGroup.Options.error_on_collective",
          "_torch_compat.fail_loud_backend", _fail_loud_backend),
-    Item("distributed_c10d._get_default_group", "backend.of_group", _default_group),
+    Item("distributed_c10d._get_default_group", "collectives.of_group", _default_group),
     Item("ReduceOp.factor (else the op's pickle state)", "_torch_compat.premul_factor", _premul_factor),
     Item("the options' C++ structs behind pybind11 (op, root, asyncOp)", "option_fields", _options_layout),
     Item("torch._C._profiler._RecordFunctionFast, torch._C._autograd._profiler_enabled", "profiling",

@@ -23,7 +23,7 @@ def _module(name: str, source: str) -> types.ModuleType:
 
 
 # The package's layers: a method that asks (as front.pxi and ProgressEngine.completed do), and one below the
-# caller that calls into it (as pg_bindings calls backend).
+# caller that calls into it (as process_group calls backend).
 _ASKS = _module("shmcoll.asks", "def ask(target):\n    return caller_is(target)\n")
 _LAYER = _module("shmcoll.layer", "def through(ask, target):\n    return ask(target)\n")
 

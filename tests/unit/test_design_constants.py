@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from shmcoll import _merge, arena, backend, descriptors, gloo_exit, lanes, single_copy, sparse, waits
+from shmcoll import _merge, arena, collectives, descriptors, gloo_exit, lanes, single_copy, sparse, waits
 from shmcoll._env import Settings
 from shmcoll._logging import first_wait_warning
 from shmcoll.algorithms import allreduce
@@ -170,8 +170,8 @@ QUOTES = {
     "the sums' pool (blocks, bytes)": (
         lambda: (constant("pool.pyx", "MAX_BLOCKS"), sparse.Buffers.KEEP_BYTES),
         rf"The pool lends at most {NUMBER} blocks, {SIZE} in all"),
-    # backend.py, gloo_exit.py, descriptors.py
-    "abort's grace": (lambda: backend._ABORT_GRACE_S * 1e9,
+    # collectives.py, gloo_exit.py, descriptors.py
+    "abort's grace": (lambda: collectives._ABORT_GRACE_S * 1e9,
                       rf"wait \({TIME} at most\) for the running collective to raise"),
     "the exit's wait for Gloo": (lambda: gloo_exit.WAIT_S * 1e9,
                                  rf"\(read from `/proc/self/task/\*/syscall`\), {TIME} at most"),

@@ -130,8 +130,8 @@ def test_no_module_imports_one_that_imports_it_back():
 
 
 def test_the_check_finds_a_cycle():
-    assert _cycles({"backend": {"pg_bindings"}, "pg_bindings": {"backend"}, "ops": set()})
-    assert not _cycles({"backend": {"ops"}, "pg_bindings": {"backend"}, "ops": set()})
+    assert _cycles({"backend": {"process_group"}, "process_group": {"backend"}, "ops": set()})
+    assert not _cycles({"backend": {"ops"}, "process_group": {"backend"}, "ops": set()})
 
 
 def test_the_code_keeps_to_the_layer_map():
@@ -143,19 +143,19 @@ def test_the_code_keeps_to_the_layer_map():
 
 
 def test_the_map_check_finds_a_climb_a_missing_module_and_torch_below_the_line(tmp_path):
-    text = "## Layers\n```\nbackend.py\n  ---- nothing below imports torch ----\narena.py\n```\n"
+    text = "## Layers\n```\ncollectives.py\n  ---- nothing below imports torch ----\narena.py\n```\n"
     layers, torch_line = _layer_map(text)
-    assert layers == {"shmcoll.backend": 1, "shmcoll.arena": 3} and torch_line == 2
+    assert layers == {"shmcoll.collectives": 1, "shmcoll.arena": 3} and torch_line == 2
     uses_torch = tmp_path / "arena.py"
     uses_torch.write_text("import torch\n")
     plain = tmp_path / "plain.py"
     plain.write_text("")
-    modules = {"shmcoll.backend": plain, "shmcoll.arena": uses_torch, "shmcoll.lost": plain}
-    graph = {"shmcoll.backend": set(), "shmcoll.arena": {"shmcoll.backend"}, "shmcoll.lost": set()}
+    modules = {"shmcoll.collectives": plain, "shmcoll.arena": uses_torch, "shmcoll.lost": plain}
+    graph = {"shmcoll.collectives": set(), "shmcoll.arena": {"shmcoll.collectives"}, "shmcoll.lost": set()}
     problems = _map_violations(modules, graph, layers, torch_line)
     assert any("lost is not on the layer map" in p for p in problems), problems
     assert any("arena is under the torch line" in p for p in problems), problems
-    assert any("shmcoll.arena (line 3) imports shmcoll.backend" in p for p in problems), problems
+    assert any("shmcoll.arena (line 3) imports shmcoll.collectives" in p for p in problems), problems
 
 
 def test_every_module_imports_in_any_order():

@@ -56,7 +56,7 @@ def test_registered_for_other_devices(monkeypatch):
 @pytest.mark.parametrize("method", ["_register_backend", "_set_default_backend"])
 def test_group_without_a_method(monkeypatch, method):
     monkeypatch.delattr(dist.ProcessGroup, method)
-    _changed(f"ProcessGroup.{method}", f"ProcessGroup has no {method}", "pg_bindings")
+    _changed(f"ProcessGroup.{method}", f"ProcessGroup has no {method}", "process_group")
 
 
 def test_fail_loud_backend_that_cannot_be_made(monkeypatch):

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from shmcoll import _torch_compat, checks, staging
-from shmcoll.backend import Collectives
+from shmcoll.collectives import Collectives
 from shmcoll.work import AsyncWork, CompletedWork, ProgressEngine, WritingBack
 
 _CPU = torch.device("cpu")

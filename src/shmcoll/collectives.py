@@ -8,7 +8,7 @@ collectives in issue order (inline when synchronous and nothing is queued, on
 the progress thread otherwise).
 
 ``Collectives`` holds the methods, one per collective; ``ProcessGroupShm``
-(``shmcoll.pg_bindings``), a Python ProcessGroup subclass, gives them c10d's call
+(``shmcoll.process_group``), a Python ProcessGroup subclass, gives them c10d's call
 forms and names (aliases included), keeps them out of TorchDynamo, and is what
 the creator returns on every supported torch (docs/DESIGN.md says why not a
 Python c10d Backend under a C++ group, which torch 2.14 allows). This module
