@@ -7,7 +7,7 @@
 # do for the calls they would run inline on one lane of the copy path, and hands every other call back (None)
 # to them. What it may take is decided by the layers it stands for: the plan the general path admitted
 # (``Collectives._admit``), the sizes the placement runs that way (``OneNode.one_lane_bytes``), the engine's
-# ``busy``, the arena's steps; it reads them, it does not decide them again. What it reads of torch's
+# ``Backlog``, the arena's steps; it reads them, it does not decide them again. What it reads of torch's
 # objects is most of what it costs: the options' fields it loads from their C++ structs (options.pxi), the
 # tensor's through its getters.
 #
@@ -18,7 +18,6 @@
 
 cdef enum:
     _OPS = 16  # more than the values of c10d's ReduceOp.RedOpType
-    _DEBUG = 10  # logging.DEBUG
     # What a call of each collective is keyed by in ``entries``; the order of the kinds, limits and options
     # that SmallCollectives is made with.
     _ALLREDUCE = 0
@@ -69,10 +68,12 @@ cdef class SmallCollectives:
 
     Made with keywords only, each named as the group's objects it stands for."""
 
-    cdef object engine, plans, finish_one_shot, finish_run, finish_barrier, finish_later
-    cdef GroupState state  # the group's (Collectives._state)
+    cdef object plans, finish_one_shot, finish_run, finish_barrier, finish_later
+    cdef GroupState state  # the group's
+    cdef Backlog backlog  # the group's progress engine's: a call runs here only with nothing before it
+    cdef DebugSwitch debug  # where DEBUG is on, the general path logs each collective
     cdef StepCount steps  # the arena's Steps: step (last posted) and all_reached
-    cdef object tensor_type, strided, error_type, profiling, log, barrier_options
+    cdef object tensor_type, strided, error_type, profiling, barrier_options
     cdef object completed_type, shared_completed, wrappers
     cdef uint64_t barrier_desc
     cdef tuple kinds, options  # per collective (the order above): its descriptor kind, its options' type
@@ -82,18 +83,19 @@ cdef class SmallCollectives:
     cdef Py_ssize_t async_at[_KINDS + 1]
     cdef Py_ssize_t root_at
     cdef list entries  # per collective: key(dtype, op or root) -> what its calls need (``_entry``)
-    cdef dict log_cache
     cdef Schedule schedule
     cdef int count_shift, size, keys_per_dtype
     cdef Py_ssize_t async_try_bytes
     cdef readonly Py_ssize_t taken  # calls this path ran (tests check which path ran)
 
-    def __init__(self, group, *, engine, steps, Schedule schedule, dict plans, tuple kinds, tuple options,
-                 tuple limits, int count_shift, Py_ssize_t async_try_bytes, finish_one_shot, finish_run,
-                 finish_barrier, finish_later, tensor_type, strided, error_type, profiling, log, barrier_options,
-                 uint64_t barrier_desc, option_offsets, completed_type, shared_completed, wrappers):
-        self.state = group._state
-        self.engine = engine
+    def __init__(self, *, GroupState state, Backlog backlog, DebugSwitch debug, steps, Schedule schedule,
+                 dict plans, tuple kinds, tuple options, tuple limits, int count_shift, Py_ssize_t async_try_bytes,
+                 finish_one_shot, finish_run, finish_barrier, finish_later, tensor_type, strided, error_type,
+                 profiling, barrier_options, uint64_t barrier_desc, option_offsets, completed_type,
+                 shared_completed, wrappers):
+        self.state = state
+        self.backlog = backlog
+        self.debug = debug
         self.steps = steps
         self.schedule = schedule  # steps.schedule
         self.size = schedule.s.size
@@ -123,7 +125,6 @@ cdef class SmallCollectives:
         self.strided = strided
         self.error_type = error_type  # the errors that make the group unusable (ShmcollError)
         self.profiling = profiling  # whether a profiler is on: the general path records the event
-        self.log = log  # where DEBUG is on, the general path logs each collective
         self.barrier_options = barrier_options  # the barrier's options type and its (only) descriptor
         self.barrier_desc = barrier_desc
         # The Works handed out (``ProgressEngine.completed``): one of its own per call (``completed_type``), but
@@ -131,10 +132,6 @@ cdef class SmallCollectives:
         self.completed_type = completed_type
         self.shared_completed = shared_completed
         self.wrappers = wrappers
-        # logging's own record of the levels asked about, kept until a level changes: one dict read per call
-        # where Logger.isEnabledFor is a Python call
-        cached = getattr(log, "_cache", None)
-        self.log_cache = cached if type(cached) is dict else None
 
     # -- what every call checks ------------------------------------------------
 
@@ -191,19 +188,10 @@ cdef class SmallCollectives:
         entries[key] = entry
         return entry
 
-    cdef bint _debug(self):
-        if self.log_cache is not None:
-            enabled = self.log_cache.get(_DEBUG)
-            if enabled is not None:
-                return enabled
-        return self.log.isEnabledFor(_DEBUG)
-
     cdef bint _may_start(self):
         """Whether a call may run here now: nothing queued or running, no profiler, no DEBUG log, no error,
         and the arena's next step free to write (``Steps.begin_write`` would not wait)."""
-        engine = self.engine
-        # engine.busy() read in place: its queue first, then whether it runs (ProgressEngine.busy says why)
-        if engine._queue or engine._running or self.profiling() or self._debug():
+        if not self.backlog.idle() or self.profiling() or self.debug.on():
             return False
         # From here to in_collective (``_start``), nothing lets another thread run: a shutdown on one sets
         # the error before it waits for in_collective to clear and unmaps the arena (Collectives.shutdown).

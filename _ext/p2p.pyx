@@ -21,6 +21,7 @@ makes one call per slice instead of one pass per chunk.
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
+from shmcoll._state cimport GroupState, Backlog
 
 include "lines.pxi"
 
@@ -212,12 +213,16 @@ cdef class SmallTransfers:
     ``PointToPoint.start`` does, and makes the same Work (``completed(result, source)``)."""
 
     cdef Channels channels
-    cdef object state, engine, lock, tensor_type, strided, profiling, completed
+    cdef GroupState state
+    cdef Backlog backlog
+    cdef object ranks, lock, tensor_type, strided, profiling, completed
     cdef readonly Py_ssize_t taken  # calls this path ran (tests check which path ran)
 
-    def __init__(self, group, engine, Channels channels, lock, tensor_type, strided, profiling, completed):
-        self.state = group._state  # its error: the one that made the group unusable
-        self.engine = engine  # the PointToPoint: its _pending and _closed, read under ``lock``
+    def __init__(self, *, GroupState state, Backlog backlog, ranks, Channels channels, lock, tensor_type, strided,
+                 profiling, completed):
+        self.state = state  # its error: the one that made the group unusable
+        self.backlog = backlog  # the point-to-point engine's pending transfers, read under ``lock``
+        self.ranks = ranks  # the group rank of each local rank (a receive's source)
         self.channels = channels
         self.lock = lock
         self.tensor_type = tensor_type
@@ -255,9 +260,8 @@ cdef class SmallTransfers:
         cdef uintptr_t lines = channels._lines(channels.me, peer)
         self.lock.acquire()  # held briefly by the others: never across a wait
         try:
-            engine = self.engine
             # every chunk's half free: the receiver has taken all the channel's chunks but the last 2 - total
-            if (engine._pending or engine._closed or total > 2 or not arch.shmcoll_reached(
+            if (not self.backlog.idle() or total > 2 or not arch.shmcoll_reached(
                     arch.shmcoll_load_acquire_u32(_step_word(lines, 1)), channels.posted[peer] + total - 2)):
                 return None
             with nogil:
@@ -281,9 +285,8 @@ cdef class SmallTransfers:
         cdef uintptr_t lines = channels._lines(peer, channels.me)
         self.lock.acquire()  # held briefly by the others: never across a wait
         try:
-            engine = self.engine
             # every chunk has come; a mismatch or an address is found at the first, before anything is taken
-            if (engine._pending or engine._closed or not arch.shmcoll_reached(
+            if (not self.backlog.idle() or not arch.shmcoll_reached(
                     arch.shmcoll_load_acquire_u32(_step_word(lines, 0)), channels.taken[peer] + total)):
                 return None
             with nogil:
@@ -293,4 +296,4 @@ cdef class SmallTransfers:
         if got != total:
             return None
         self.taken += 1
-        return self.completed(tensors, self.engine.ranks[peer])
+        return self.completed(tensors, self.ranks[peer])

@@ -26,6 +26,7 @@ lanes, give bitwise identical results on every rank.
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
 from libc.string cimport memcpy
 
+from shmcoll._state cimport StepCount, GroupState, Backlog, DebugSwitch
 from schedule cimport (kernel_t, task_t, sched_t, MAX_POOL_LANES, STATUS_DONE, STATUS_MISMATCH, STATUS_FAILED,
                        STATUS_SIZES, STATUS_CANCELLED)
 
@@ -40,27 +41,6 @@ include "barrier.pxi"
 
 DONE = STATUS_DONE
 MISMATCH = STATUS_MISMATCH
-
-
-cdef class StepCount:
-    """Where a sequence of steps stands on this rank: the last step it posted (``step``) and the highest every
-    local rank is known to have reached (``all_reached``). ``shmcoll.arena.Steps`` derives from it, so that the
-    compiled small collectives (front.pxi) read and write both as C fields, not Python attributes."""
-
-    cdef public int64_t step, all_reached
-
-
-cdef class GroupState:
-    """A group's state that every collective updates (``shmcoll.collectives.Collectives._state``), in C so that the
-    compiled small collectives (front.pxi) update it without Python attribute lookups: collectives started
-    (``seq``) and the one in progress (``desc``), for messages; whether one runs now (``in_collective``:
-    teardown must not unmap the arena under it); the first failure (``error``), after which the group
-    refuses collectives."""
-
-    cdef public int64_t seq
-    cdef public uint64_t desc
-    cdef public bint in_collective
-    cdef public object error
 
 
 cdef class Schedule:

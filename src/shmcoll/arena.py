@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shmcoll import _schedules, _segment, _single_copy, _sync
+from shmcoll import _schedules, _segment, _single_copy, _state, _sync
 from shmcoll import descriptors, waits
 from shmcoll.errors import AttachError, CollectiveError, PeerAttachError, PeerDiedError, ShmcollError
 from shmcoll.waits import STEP_MASK
@@ -114,7 +114,7 @@ def _page_up(offset: int) -> int:
     return (offset + PAGE - 1) // PAGE * PAGE
 
 
-class Steps(_schedules.StepCount):
+class Steps(_state.StepCount):
     """One sequence of steps over one set of control lines (one line per local rank), and the
     C schedules that run over the buffers it owns: the whole arena's, or one lane's. Where it stands
     (``step``, ``all_reached``) is kept in C by its base, for the compiled small collectives."""

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from shmcoll import (_p2p, _schedules, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops,
                      option_fields, placement, profiling, sparse)
 from shmcoll._env import read_settings
+from shmcoll._state import DebugSwitch, GroupState
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
 from shmcoll.algorithms import allreduce as allreduce_algorithm
@@ -56,7 +57,7 @@ def _is_async(opts) -> bool:
     return True if opts is None else opts.asyncOp
 
 
-def _plain(tensor) -> bool:
+def _dense_cpu(tensor) -> bool:
     """A dense CPU ``torch.Tensor`` (no subclass: one may override what the checks rely on): what the fast
     paths take without further checks."""
     return type(tensor) is _Tensor and tensor.is_cpu and tensor.layout is _STRIDED
@@ -86,7 +87,7 @@ class Collectives:
         self._rank = rank
         self._size = size
         self._settings = read_settings()
-        self._state = _schedules.GroupState()  # seq, desc, in_collective, error: see there
+        self._state = GroupState()  # seq, desc, in_collective, error: see there
         self._reductions = ops.Reductions(size)
         self._engine = ProgressEngine(f"rank{rank}")
         self._teardown = threading.Lock()  # shutdown() and abort() may come from any thread, twice
@@ -102,47 +103,43 @@ class Collectives:
         # (kind, dtype, op value or root), admitted by the general path as it meets them (``_admit``).
         self._fast_plans: dict = {}
         self._reductions_fast = _hash_is_op_value()
-        self._small = self._compiled_small_collectives()
-        self._small_transfers = self._compiled_small_transfers()
+        paths = self._placement.compiled_paths()
+        self._small = _TakesNone() if paths is None else self._compiled_small_collectives(paths)
+        self._small_transfers = _TakesNone() if paths is None else self._compiled_small_transfers(paths.p2p)
         if rank == 0 and _log.isEnabledFor(logging.INFO):
             nodes = self._placement.nodes
             _log.info("%s", "\n".join([f"shm process group of {size} ranks on {len(nodes)} node(s): {nodes}; "
                                        f"timeout {timeout.total_seconds():g} s", *self._placement.summary()]))
 
-    def _compiled_small_collectives(self):
+    def _compiled_small_collectives(self, paths):
         """The group's first try at all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor
-        (``ProcessGroupShm``): on one node's arena, the calls its fast paths would run inline in one C schedule
-        call on one lane run whole in one compiled call, from the group's method to the schedule
-        (``_schedules.SmallCollectives``), which returns None for every call it does not take. (Elsewhere: an
-        object that takes none.)"""
-        one_lane_bytes = getattr(self._placement, "one_lane_bytes", None)
-        if one_lane_bytes is None:
-            return _TakesNone()
-        arena = self._placement.arena
+        (``ProcessGroupShm``): where the placement has compiled paths (``paths``: one node's arena), the calls
+        its fast paths would run inline in one C schedule call on one lane run whole in one compiled call, from
+        the group's method to the schedule (``_schedules.SmallCollectives``), which returns None for every call
+        it does not take."""
         kinds = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
         return _schedules.SmallCollectives(
-            self, engine=self._engine, steps=arena, schedule=arena.schedule, plans=self._fast_plans,
+            state=self._state, backlog=self._engine.backlog, debug=DebugSwitch(_log), steps=paths.steps,
+            schedule=paths.schedule, plans=self._fast_plans,
             kinds=(descriptors.ALLREDUCE, descriptors.BROADCAST, descriptors.ALLGATHER, descriptors.REDUCE_SCATTER),
             options=(_AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions),
-            limits=tuple(one_lane_bytes[kind] for kind in kinds), count_shift=descriptors.COUNT_SHIFT,
-            async_try_bytes=self._placement.async_try_bytes, finish_one_shot=allreduce_algorithm.finish_one_shot,
+            limits=tuple(paths.one_lane_bytes[kind] for kind in kinds), count_shift=descriptors.COUNT_SHIFT,
+            async_try_bytes=paths.async_try_bytes, finish_one_shot=allreduce_algorithm.finish_one_shot,
             finish_run=schedule_driver.finish_run, finish_barrier=barrier_algorithm.finish,
             finish_later=self._finish_later, tensor_type=_Tensor, strided=_STRIDED, error_type=ShmcollError,
-            profiling=profiling.active, log=_log, barrier_options=_BarrierOptions,
+            profiling=profiling.active, barrier_options=_BarrierOptions,
             barrier_desc=descriptors.descriptor(descriptors.BARRIER), option_offsets=option_fields.offsets,
             completed_type=CompletedWork, shared_completed=self._engine.shared_completed,
             wrappers=_torch_compat.COLLECTIVE_WRAPPERS)
 
-    def _compiled_small_transfers(self):
-        """The group's first try at send and recv (``ProcessGroupShm``): on one node's arena, a message that moves
-        whole at once moves in one compiled call from the group's method to the channel
-        (``_p2p.SmallTransfers``), which returns None for every call it does not take. (Elsewhere: an object that
-        takes none.)"""
-        p2p = getattr(self._placement, "p2p", None)
-        if p2p is None:
-            return _TakesNone()
-        return _p2p.SmallTransfers(self, p2p, p2p.channels, p2p.lock, _Tensor, _STRIDED, profiling.active,
-                                   CompletedWork)
+    def _compiled_small_transfers(self, p2p):
+        """The group's first try at send and recv (``ProcessGroupShm``): where the placement has compiled paths
+        (``p2p``: one node's point-to-point engine), a message that moves whole at once moves in one compiled
+        call from the group's method to the channel (``_p2p.SmallTransfers``), which returns None for every call
+        it does not take."""
+        return _p2p.SmallTransfers(state=self._state, backlog=p2p.backlog, ranks=p2p.ranks, channels=p2p.channels,
+                                   lock=p2p.lock, tensor_type=_Tensor, strided=_STRIDED, profiling=profiling.active,
+                                   completed=CompletedWork)
 
     # -- what torch asks of a group ------------------------------------------
 
@@ -293,7 +290,7 @@ class Collectives:
         # larger one its all-reduce, the same one the general path runs.
         if type(opts) is _AllreduceOptions and type(tensors) is list and len(tensors) == 1:
             tensor = tensors[0]
-            if _plain(tensor) and tensor.is_contiguous():
+            if _dense_cpu(tensor) and tensor.is_contiguous():
                 count = tensor.numel()
                 plan = self._fast_plans.get((descriptors.ALLREDUCE, tensor.dtype, hash(opts.reduceOp)))
                 now = None if plan is None else self._inline(opts.asyncOp)
@@ -395,7 +392,7 @@ class Collectives:
         # all_reduce's fast path (see there) for FSDP2's gradient reduce-scatters and tensor-parallel
         # layers: plain tensors, a contiguous input, a synchronous (or small) call, an (op, dtype) met before
         # whose plan needs nothing per call or after it (``Reduction.fixed``), nothing in flight. Any placement.
-        if type(opts) is _ReduceScatterOptions and _plain(output) and _plain(input) and input.is_contiguous():
+        if type(opts) is _ReduceScatterOptions and _dense_cpu(output) and _dense_cpu(input) and input.is_contiguous():
             count = output.numel()
             plan = self._fast_plans.get((descriptors.REDUCE_SCATTER, output.dtype, hash(opts.reduceOp)))
             now = None if plan is None else self._inline(opts.asyncOp)
@@ -445,7 +442,7 @@ class Collectives:
         # (or small).
         if type(opts) is _BroadcastOptions and type(tensors) is list and len(tensors) == 1:
             tensor = tensors[0]
-            if _plain(tensor):
+            if _dense_cpu(tensor):
                 root, count = opts.rootRank, tensor.numel()
                 plan = self._fast_plans.get((descriptors.BROADCAST, tensor.dtype, root))
                 now = None if plan is None else self._inline(opts.asyncOp)
@@ -468,7 +465,7 @@ class Collectives:
     def all_gather_single(self, output, input, opts=None):
         # all_reduce's fast path (see there) for FSDP2's parameter all-gathers and tensor-parallel decode:
         # plain tensors of a dtype met before, a synchronous (or small) call, nothing in flight. Any placement.
-        if type(opts) is _AllgatherOptions and _plain(input) and _plain(output):
+        if type(opts) is _AllgatherOptions and _dense_cpu(input) and _dense_cpu(output):
             count = input.numel()
             plan = self._fast_plans.get((descriptors.ALLGATHER, input.dtype, 0))
             now = None if plan is None else self._inline(opts.asyncOp)

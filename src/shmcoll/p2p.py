@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 
-from shmcoll import _p2p, _single_copy, _sync, single_copy
+from shmcoll import _p2p, _single_copy, _state, _sync, single_copy
 from shmcoll.errors import ShmcollError
 from shmcoll.waits import STEP_MASK
 from shmcoll.work import AsyncWork, CompletedWork
@@ -211,11 +211,12 @@ class PointToPoint:
         self.lock = lock = threading.Lock()  # of everything below; held while a transfer moves, but by _move_alone
         self._cv = threading.Condition(lock)  # whoever waits for a moving transfer's slice to end
         self._idle = threading.Condition(lock)  # the thread, while it has nothing to do or helpers do it
-        self._pending: list[tuple[_Transfer, TransferWork]] = []
+        # The pending (transfer, Work) pairs in issue order, and whether closed: what the compiled small transfers
+        # ask too (``Backlog.idle``), under ``lock``.
+        self.backlog = _state.Backlog([])
         self._thread: threading.Thread | None = None
         self._helpers = 0  # callers progressing transfers in ``help``: the thread sleeps meanwhile
         self._moving = False  # a thread moves a transfer without the lock (``_move_alone``): nobody else may
-        self._closed = False
         self._watch = arena.watch  # the arena's wait checks: liveness, timeout, abort (shmcoll.waits)
 
     # -- issuing ---------------------------------------------------------------
@@ -223,16 +224,16 @@ class PointToPoint:
     def start(self, transfer: _Transfer):
         """Finish ``transfer`` inline if it can, else queue it; return its Work."""
         with self._cv:
-            if self._closed:
+            if self.backlog.closed:
                 raise ShmcollError(f"point-to-point engine {self._name} was shut down")
-            if not self._pending:
+            if not self.backlog.queue:
                 transfer.advance()
                 if transfer.done:
                     return CompletedWork(transfer.result, self._source(transfer))
             # A receive whose sender posts every chunk without it waits for its caller; the rest need the thread.
             woken = not (transfer.kind == "recv" and transfer.total <= 2)
             work = TransferWork(transfer.result, transfer.describe, self, woken)
-            self._pending.append((transfer, work))
+            self.backlog.queue.append((transfer, work))
             if woken:
                 self._wake()
         return work
@@ -240,7 +241,7 @@ class PointToPoint:
     def wake(self) -> None:
         """Have the thread progress what is pending (a Work that left it asleep is asked for more than wait())."""
         with self._cv:
-            if not self._closed:
+            if not self.backlog.closed:
                 self._wake()
 
     def _wake(self) -> None:
@@ -260,7 +261,7 @@ class PointToPoint:
         blocked: set = set()
         any_recv_blocked = False
         still = []
-        for transfer, work in self._pending:
+        for transfer, work in self.backlog.queue:
             key = transfer.key()
             is_recv = transfer.kind == "recv"
             if key in blocked or (is_recv and (any_recv_blocked or (transfer.peer is None and
@@ -282,7 +283,7 @@ class PointToPoint:
                 blocked.add(key)
                 any_recv_blocked |= is_recv and transfer.peer is None
                 still.append((transfer, work))
-        self._pending = still
+        self.backlog.queue = still
         return moved
 
     def _check_stalled(self, transfer) -> None:
@@ -299,9 +300,9 @@ class PointToPoint:
     def _alone(self):
         """The one pending transfer, where one thread may move it without the lock (its peer known, nobody
         moving already), marked as moved; else None. The lock held."""
-        if len(self._pending) != 1 or self._moving:
+        if len(self.backlog.queue) != 1 or self._moving:
             return None
-        transfer, work = self._pending[0]
+        transfer, work = self.backlog.queue[0]
         if transfer.peer is None:
             return None
         self._moving = True
@@ -319,7 +320,7 @@ class PointToPoint:
         finally:  # whatever arrives meanwhile (a KeyboardInterrupt), the transfer stops moving
             with self._cv:
                 self._moving = False
-                if self._pending and self._pending[0][1] is work:  # else close() failed it meanwhile
+                if self.backlog.queue and self.backlog.queue[0][1] is work:  # else close() failed it meanwhile
                     if error is None:
                         if moved:
                             transfer.last_progress = time.monotonic()
@@ -328,13 +329,13 @@ class PointToPoint:
                         except BaseException as exc:
                             error = exc
                     if error is not None or transfer.done:
-                        del self._pending[0]
+                        del self.backlog.queue[0]
                         work.finish(error, None if error is not None else self._source(transfer))
                 self._cv.notify_all()  # helpers and close() wait while a transfer moves
 
     def _single_target(self):
         """The word the one pending transfer waits for (the lock held), or None."""
-        return self._pending[0][0].wait_target() if len(self._pending) == 1 else None
+        return self.backlog.queue[0][0].wait_target() if len(self.backlog.queue) == 1 else None
 
     def _wait_for_peers(self, single, idle_passes: int) -> None:
         """Between passes that moved nothing (no lock held): sleep on ``single`` (spin, yield, futex; one slice
@@ -350,8 +351,8 @@ class PointToPoint:
         idle_passes = 0
         while True:
             with self._cv:
-                while not self._pending or self._helpers or self._moving:
-                    if self._closed:
+                while not self.backlog.queue or self._helpers or self._moving:
+                    if self.backlog.closed:
                         return
                     self._idle.wait()
                     idle_passes = 0
@@ -379,9 +380,9 @@ class PointToPoint:
             self._helpers += 1
         try:
             idle_passes = 0
-            while not work._done.is_set():
+            while not work.ended:
                 with self._cv:
-                    if self._closed:
+                    if self.backlog.closed:
                         return  # close() finished every pending work
                     if self._moving:
                         self._cv.wait()  # until the slice of whoever moves a transfer ends
@@ -393,7 +394,7 @@ class PointToPoint:
                 if alone is not None:
                     self._move_alone(*alone, self._budgets)
                     continue
-                if work._done.is_set():
+                if work.ended:
                     return
                 if moved:
                     idle_passes = 0
@@ -403,15 +404,15 @@ class PointToPoint:
         finally:
             with self._cv:
                 self._helpers -= 1
-                if not self._helpers and self._pending and self._thread is not None:
+                if not self._helpers and self.backlog.queue and self._thread is not None:
                     self._idle.notify()  # what is left is the thread's again
 
     def close(self) -> None:
         with self._cv:
-            self._closed = True
-            for _, work in self._pending:
+            self.backlog.closed = True
+            for _, work in self.backlog.queue:
                 work.finish(ShmcollError(f"{self._name}: process group shut down with this transfer pending"))
-            self._pending = []
+            self.backlog.queue = []
             self._idle.notify()
             while self._moving:  # a transfer in C reads the arena, which is unmapped after this
                 self._cv.wait()

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from shmcoll import _torch_compat, descriptors, profiling
+from shmcoll import _state, _torch_compat, descriptors, profiling
 from shmcoll._callers import caller_is
 
 
@@ -141,6 +141,12 @@ class AsyncWork(dist.Work):
             completion = self._claim_completion()
         if completion is not None:  # outside the lock: its callbacks may ask for the future again
             completion.set_result(None)
+
+    @property
+    def ended(self) -> bool:
+        """Whether ``finish`` has run: what its engine asks, which, unlike torch's ``is_completed``, nothing
+        overrides to do more (a transfer's Work wakes its thread when asked that)."""
+        return self._done.is_set()
 
     def ends(self, event) -> None:
         """End profiler ``event`` (``shmcoll.profiling``) when this work finishes, or now if it has."""
@@ -279,22 +285,17 @@ class ProgressEngine:
         self._cv = threading.Condition(threading.Lock())
         self._waiters = 0  # threads blocked in abort() until nothing runs
         self._idle = False  # the progress thread is blocked until there is work for it
-        self._queue: collections.deque = collections.deque()
-        self._running = False  # a collective is executing (inline or on the thread)
+        # Queued collectives, whether one executes (inline or on the thread), whether closed: what the compiled
+        # small collectives ask too (``Backlog.idle``); changed under ``_cv``.
+        self.backlog = _state.Backlog(collections.deque())
         self._thread: threading.Thread | None = None
-        self._closed = False
         self.on_thread = False  # the collective running now runs on the progress thread
         self._completed = CompletedWork()  # see completed(): holds nothing
 
     def busy(self) -> bool:
-        """Something is queued or running. Read without the lock: only the issuing thread
-        queues work, so from its point of view an idle engine stays idle. The queue is read
-        first and the thread marks itself running before it takes a collective off the queue
-        (``_loop``), so no moment between the two reads shows neither: read the other way
-        round, a collective taken off the queue just then would be missed, and a synchronous call
-        issued after it would run inline alongside it (an all_gather reading its input before the
-        async all_reduce issued before it had written it: a wrong result on every rank)."""
-        return bool(self._queue) or self._running
+        """Something is queued or running. Read without the lock, the queue first (``Backlog.idle`` says why)."""
+        backlog = self.backlog
+        return bool(backlog.queue) or backlog.running
 
     def completed(self, result, source: int | None = None) -> CompletedWork:
         """The Work of a synchronous call that finished inline.
@@ -328,10 +329,11 @@ class ProgressEngine:
     def execute(self, run, result, async_op: bool, describe):
         """Run ``run()`` (which may return a source rank) in order; return its Work (``describe()``: what it is,
         for a timeout's message)."""
+        backlog = self.backlog
         with self._cv:
-            inline = not async_op and not self._running and not self._queue
+            inline = not async_op and not backlog.running and not backlog.queue
             if inline:
-                self._running = True
+                backlog.running = True
         if inline:
             try:
                 source = run()
@@ -341,9 +343,9 @@ class ProgressEngine:
             return self.completed(result, source)
         work = AsyncWork(result, describe, self)
         with self._cv:
-            if self._closed:
+            if backlog.closed:
                 raise dist.DistBackendError(f"{self._name}: this process group was shut down or aborted")
-            self._queue.append((run, work))
+            backlog.queue.append((run, work))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=f"shmcoll-progress-{self._name}",
                                                 daemon=True)
@@ -357,14 +359,14 @@ class ProgressEngine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._queue or self._running:
-                    if self._closed and not self._queue:
+                while not self.backlog.queue or self.backlog.running:
+                    if self.backlog.closed and not self.backlog.queue:
                         return
                     self._idle = True
                     self._cv.wait()
                     self._idle = False
-                self._running = True  # before the queue shrinks: see busy()
-                run, work = self._queue.popleft()
+                self.backlog.running = True  # before the queue shrinks: see busy()
+                run, work = self.backlog.queue.popleft()
             self._run_taken(run, work, on_thread=True)
             # Idle for long maybe: keep no collective's closure (its tensors) or Work alive meanwhile.
             del run, work
@@ -379,16 +381,16 @@ class ProgressEngine:
             return
         while True:
             with self._cv:
-                if self._running or not any(queued is work for _, queued in self._queue):
+                if self.backlog.running or not any(queued is work for _, queued in self.backlog.queue):
                     return  # running, finished, or failed by abort(): it completes elsewhere
-                self._running = True  # before the queue shrinks: see busy()
-                run, taken = self._queue.popleft()
+                self.backlog.running = True  # before the queue shrinks: see busy()
+                run, taken = self.backlog.queue.popleft()
             self._run_taken(run, taken, on_thread=False)
             if taken is work:
                 return
 
     def _run_taken(self, run, work: AsyncWork, on_thread: bool) -> None:
-        """Run a collective taken off the queue (``_running`` set), and finish its Work."""
+        """Run a collective taken off the queue (``backlog.running`` set), and finish its Work."""
         self.on_thread = on_thread
         try:
             source = run()
@@ -403,14 +405,14 @@ class ProgressEngine:
     def _ended(self) -> None:
         """The collective running now has ended (the lock held): wake whoever that concerns, and nobody else
         (a wake-up of the idle progress thread costs the cores a context switch and the GIL a hand-off)."""
-        self._running = False
-        if self._waiters or (self._idle and self._queue):
+        self.backlog.running = False
+        if self._waiters or (self._idle and self.backlog.queue):
             self._cv.notify_all()
 
     def close(self) -> None:
         """Finish queued work, then stop the thread."""
         with self._cv:
-            self._closed = True
+            self.backlog.closed = True
             self._cv.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -421,14 +423,14 @@ class ProgressEngine:
         one running now, on any thread (its waits raise once the placement is aborted). Returns whether
         nothing runs any more."""
         with self._cv:
-            self._closed = True
-            queued, self._queue = list(self._queue), collections.deque()
+            self.backlog.closed = True
+            queued, self.backlog.queue = list(self.backlog.queue), collections.deque()
             self._cv.notify_all()
         for _, work in queued:
             work.finish(error)
         deadline = time.monotonic() + grace_s
         with self._cv:
-            while self._running:
+            while self.backlog.running:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

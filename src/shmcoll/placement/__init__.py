@@ -18,14 +18,15 @@ Each offers the same methods, with the same arguments::
   barrier(desc)                               send(tensor, dst, tag) -> Work;  recv(tensor, src | None, tag) -> Work
   set_background(on)      abort(why): waits in progress raise within a slice      close()      summary() -> lines
   one_shot_bytes: all-reduces up to this size may call one_shot(tensor, count, red, desc) (0: no such path)
-  one_lane_bytes (OneNode only): per collective ("all_reduce", "broadcast", "all_gather", "reduce_scatter"),
-      the most bytes per rank (a reduce-scatter's per block) that it runs in one C schedule call on one lane
-      of its arena (the all-reduce: one one-shot step), which the group's compiled small collectives run
-      themselves (shmcoll._schedules.SmallCollectives)
+  compiled_paths() -> node.CompiledPaths | None: what the group's compiled small collectives and transfers
+      (shmcoll._schedules.SmallCollectives, shmcoll._p2p.SmallTransfers) run on, where they run (OneNode):
+      the arena's steps and schedule; one_lane_bytes, per collective ("all_reduce", "broadcast",
+      "all_gather", "reduce_scatter") the most bytes per rank (a reduce-scatter's per block) that it runs in
+      one C schedule call on one lane of its arena (the all-reduce: one one-shot step); async_try_bytes, an
+      asynchronous collective of at most this many bytes per rank that they take runs there as far as it goes
+      without waiting, the rest queued; and the point-to-point engine
   async_inline: whether an asynchronous collective runs inline when nothing is queued: only where it waits
       for no peer (one rank)
-  async_try_bytes (OneNode only): an asynchronous collective of at most this many bytes per rank that the
-      compiled small collectives take runs there as far as it goes without waiting, the rest queued
   allgather_windows(input, unit, consume, desc): the all-gather of ``input`` handed to
       consume(start, n, addresses) window by window, each window a multiple of ``unit`` bytes of every
       rank's input (rank r's bytes [start, start + n) at addresses[r], readable until consume returns):

@@ -6,6 +6,8 @@ back after (``shmcoll.staging``).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from shmcoll import lanes as _lanes
@@ -72,10 +74,25 @@ def _apart(sources: list[torch.Tensor], targets: list[torch.Tensor]) -> list[tor
 _NO_LIMIT_BYTES = 1 << 62  # a size no message reaches
 
 
+class CompiledPaths(NamedTuple):
+    """What the group's compiled small collectives and transfers run on (``Collectives``): the arena's steps and
+    schedule, per collective the most bytes per rank they take (``one_lane_bytes``), how large an asynchronous
+    call they begin (``async_try_bytes``), and the point-to-point engine."""
+    steps: object  # arena.Steps
+    schedule: object  # _schedules.Schedule
+    one_lane_bytes: dict
+    async_try_bytes: int
+    p2p: PointToPoint
+
+
 class OnArena:
     """What every placement that holds a node arena does with it when the group is aborted or closed."""
 
     arena = None
+
+    def compiled_paths(self) -> CompiledPaths | None:
+        """What the compiled small paths run on; None: none run here (several nodes)."""
+        return None
 
     def abort(self, why: str) -> None:
         """Make every wait on the arena raise at its next slice, here and (``abandon``) on the local peers.
@@ -131,6 +148,9 @@ class OneNode(OnArena):
         self.one_lane_bytes = {"all_reduce": min(self.one_shot_bytes, one_lane),
                                **{kind: min(one_lane, self._below_single_copy(kind))
                                   for kind in ("broadcast", "all_gather", "reduce_scatter")}}
+
+    def compiled_paths(self) -> CompiledPaths | None:
+        return CompiledPaths(self.arena, self.arena.schedule, self.one_lane_bytes, self.async_try_bytes, self.p2p)
 
     def _below_single_copy(self, kind: str) -> int:
         """The most bytes per rank up to which no message of ``kind`` reads the peers' buffers (``_single_copy``)."""

@@ -13,6 +13,10 @@ class SingleRank:
     one_shot_bytes = 0  # no small all-reduce path: allreduce() is already a local operation
     async_inline = True  # no peer to wait for, nothing to overlap: every asynchronous call runs inline
 
+    def compiled_paths(self) -> None:
+        """None: one rank's collectives are local copies (no compiled small paths)."""
+        return None
+
     def allreduce(self, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
         red.local(red.view(tensor))
 
