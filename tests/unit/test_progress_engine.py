@@ -1,4 +1,4 @@
-"""The progress engine's lock-free busy(): the issuing thread must never see an idle engine while a
+"""The progress engine's lock-free busy() (and its Backlog's idle(), which the compiled paths ask): the issuing thread must never see an idle engine while a
 collective it queued is still to run or running (tests for the engine's ordering as a whole run through
 torch in tests/multinode.py's mixed_order and the async scenarios)."""
 import collections
@@ -17,18 +17,18 @@ class _Watched(collections.deque):
 
     def popleft(self):
         item = super().popleft()
-        self.seen.append(self.engine.busy())
+        self.seen.append((self.engine.busy(), self.engine.backlog.idle()))
         return item
 
 
 def test_busy_while_the_thread_takes_a_collective_off_the_queue():
     engine = ProgressEngine("test")
-    queue = engine._queue = _Watched(engine)
+    queue = engine.backlog.queue = _Watched(engine)
     try:
         for _ in range(3):
             engine.execute(lambda: None, [], True, lambda: "a queued collective").wait()
-        assert queue.seen == [True, True, True]
-        assert not engine.busy()  # and idle again once they ran
+        assert queue.seen == [(True, False)] * 3  # busy, and not idle to the compiled paths (Backlog.idle)
+        assert not engine.busy() and engine.backlog.idle()  # and idle again once they ran
     finally:
         engine.close()
 
