@@ -5,7 +5,7 @@ from setuptools import Extension, setup
 EXTENSIONS = [
     Extension(f"shmcoll._{name}", [f"_ext/{name}.pyx"], include_dirs=["_ext"],
               extra_compile_args=["-O3"])
-    for name in ("segment", "sync", "copy", "state", "schedules", "single_copy", "merge", "pool", "p2p", "callers")
+    for name in ("segment", "sync", "copy", "state", "schedules", "front", "single_copy", "merge", "pool", "p2p", "callers")
 ]
 
 setup(ext_modules=cythonize(EXTENSIONS, include_path=["_ext"], language_level=3))

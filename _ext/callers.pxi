@@ -1,5 +1,5 @@
 # Whose code called shmcoll: the first Python frame outside the shmcoll package. Textually included by
-# callers.pyx (for Python callers) and schedules.pyx (for front.pxi): every function here inlines into its caller.
+# callers.pyx (for Python callers) and front.pyx (for front.pxi): every function here inlines into its caller.
 #
 # A synchronous collective's Work can be one object shared by every such call, and hold nothing, only where
 # nobody can see it again: torch's own wrappers (``dist.all_reduce`` and the rest) wait for a synchronous Work

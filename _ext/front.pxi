@@ -1,5 +1,5 @@
 # The small collectives' whole path in one compiled call, from the group's method to the C schedule.
-# Textually included by schedules.pyx (after the schedules it calls with the GIL released).
+# Textually included by front.pyx (the schedules it calls with the GIL released are schedules.pyx's).
 #
 # An 8-byte all-reduce exchanges its data in under a microsecond, and the Python layers in front of the same
 # schedule (the surface's fast path, the inline run's bookkeeping, the placement, the algorithm, the arena's
@@ -26,17 +26,6 @@ cdef enum:
     _REDUCE_SCATTER = 3
     _KINDS = 4
     _BARRIER = 4  # where the barrier's options keep asyncOp (``async_at``), after the four above
-
-
-cdef inline int64_t _unwrapped(int64_t base, uint32_t step) noexcept nogil:
-    """The arena's (unbounded) number of a 32-bit step at or after ``base`` (0: before it, nothing new)."""
-    cdef uint32_t ahead = step - <uint32_t>base
-    return base + ahead if ahead < 0x80000000u else 0
-
-
-def unwrapped(int64_t base, uint32_t step) -> int:
-    """``_unwrapped`` for ``shmcoll.algorithms.schedule``: one definition for both paths."""
-    return _unwrapped(base, step)
 
 
 cdef class _Resume:
@@ -246,8 +235,8 @@ cdef class SmallCollectives:
         cdef StepCount steps
         if status == STATUS_DONE:  # steps.record_schedule(posted, reached), less its Python call
             steps = self.steps
-            steps.step = _unwrapped(base, self.schedule.s.posted)
-            reached = _unwrapped(base, self.schedule.s.reached)
+            steps.step = unwrapped_step(base, self.schedule.s.posted)
+            reached = unwrapped_step(base, self.schedule.s.reached)
             if reached > steps.all_reached:
                 steps.all_reached = reached
             self.state.in_collective = False

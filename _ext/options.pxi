@@ -1,5 +1,5 @@
 # c10d's options objects read in C: where a collective's options (op, asyncOp, root) lie in torch's C++ struct.
-# Textually included by schedules.pyx, before front.pxi, its one reader.
+# Textually included by front.pyx, before front.pxi, its one reader.
 #
 # ``dist.all_reduce`` makes a fresh ``AllreduceOptions`` per call, and reading it through its pybind getters
 # costs more than the rest of shm's 8-byte all-reduce on one core: ``hash(opts.reduceOp)`` 0.36 us (the getter

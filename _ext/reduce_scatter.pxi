@@ -2,12 +2,8 @@
 # Textually included by schedules.pyx (after lines.pxi and steps.pxi); every function runs without the GIL.
 
 
-# Whether a reduce-scatter of the ``size`` blocks of ``count`` items at ``addr`` (``block_stride`` items apart)
-# may reduce straight into its output at ``out``: the output overlaps none of the input. Else each piece goes
-# through scratch, since the output may hold input pieces of later steps (or, over lanes, of other lanes).
-cdef inline bint apart(uintptr_t out, uintptr_t addr, Py_ssize_t count, Py_ssize_t block_stride,
-                       Py_ssize_t itemsize, int size) noexcept nogil:
-    return out + count * itemsize <= addr or addr + ((size - 1) * block_stride + count) * itemsize <= out
+# ``apart`` (whether the output overlaps none of the input) is declared with the schedules' functions in
+# shmcoll/_schedules.pxd, where the compiled front reads it too.
 
 
 # Reduce block r of the L blocks of ``block_count`` elements at ``addr`` into rank r's ``out``. Block k starts

@@ -11,8 +11,8 @@ reduction kernels by address (``shmcoll.kernel_abi``). One file per collective:
     allgather.pxi        allgather
     broadcast.pxi        broadcast
     lanes.pxi            Pool: one collective over several threads of a rank
-    options.pxi          field_offset: where c10d's options keep a field, for front.pxi to read it in C
-    front.pxi            SmallCollectives: the small collectives from the group's method to their schedule
+
+The compiled front of the small collectives (front.pyx) calls these schedules through shmcoll/_schedules.pxd.
 
 Waits are bounded by the slice like every other wait: when one expires, the
 call returns where it stopped (a position >= 0) so that Python can check
@@ -26,12 +26,10 @@ lanes, give bitwise identical results on every rank.
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
 from libc.string cimport memcpy
 
-from shmcoll._state cimport StepCount, GroupState, Backlog, DebugSwitch
 from schedule cimport (kernel_t, task_t, sched_t, MAX_POOL_LANES, STATUS_DONE, STATUS_MISMATCH, STATUS_FAILED,
                        STATUS_SIZES, STATUS_CANCELLED)
 
 include "lines.pxi"
-include "callers.pxi"
 include "steps.pxi"
 include "allreduce.pxi"
 include "reduce_scatter.pxi"
@@ -43,11 +41,14 @@ DONE = STATUS_DONE
 MISMATCH = STATUS_MISMATCH
 
 
+def unwrapped(int64_t base, uint32_t step) -> int:
+    """``unwrapped_step`` for ``shmcoll.algorithms.schedule``: one definition for both paths."""
+    return unwrapped_step(base, step)
+
+
 cdef class Schedule:
     """One rank's constants for running the schedules over one set of steps (the arena's, or a lane's), and its
-    step bookkeeping (``posted``, ``reached``: see sched_t)."""
-
-    cdef sched_t s
+    step bookkeeping (``posted``, ``reached``: see sched_t; declared in shmcoll/_schedules.pxd)."""
 
     def __cinit__(self, uintptr_t lines, int me, int size, uintptr_t data, uintptr_t scratch,
                   Py_ssize_t chunk_bytes, Py_ssize_t stride, int64_t spin_ns, int64_t yield_ns,
@@ -143,5 +144,3 @@ def combine(uintptr_t kernel, uintptr_t out, uintptr_t first, uintptr_t rows, Py
 
 
 include "lanes.pxi"
-include "options.pxi"
-include "front.pxi"

@@ -957,7 +957,7 @@ def fast_paths(cases):
         pass
 
     # On one node, the calls of the fast paths that one C schedule call on one lane runs go whole through
-    # compiled code (shmcoll._schedules.SmallCollectives), which keeps the group's bookkeeping
+    # compiled code (shmcoll._front.SmallCollectives), which keeps the group's bookkeeping
     # (describe_current) as the general path does.
     compiled = getattr(pg._small, "taken", None)
     one_lane_bytes = getattr(pg.placement, "one_lane_bytes", {})

@@ -534,7 +534,7 @@ MISMATCH_CASES = {
     # async_op=True: small ones run inline, large ones on the progress thread; wait() raises either way
     "async_all_reduce_vs_broadcast": ([AR(asynchronous=True), BC(root=0, asynchronous=True), AR(asynchronous=True)],
                                       ["all_reduce"], ["broadcast"]),
-    # after a warm-up: small collectives run whole in compiled code (shmcoll._schedules.SmallCollectives)
+    # after a warm-up: small collectives run whole in compiled code (shmcoll._front.SmallCollectives)
     "warm_op_sum_vs_max": ([AR(warm=True), AR(op="MAX", warm=True), AR(warm=True)], ["sum"], ["max"]),
     "warm_count_100_vs_101": ([AR(warm=True), AR(numel=101, warm=True), AR(warm=True)], ["100"], ["101"]),
     "warm_dtype_float32_vs_int32_same_bytes": ([AR(warm=True), AR(dtype="int32", warm=True), AR(warm=True)],

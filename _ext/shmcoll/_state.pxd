@@ -1,4 +1,4 @@
-# The running state that the compiled paths (schedules.pyx's front, p2p.pyx's small transfers) and the Python
+# The running state that the compiled paths (front.pyx's small collectives, p2p.pyx's small transfers) and the Python
 # ones share, as C fields and C methods both languages reach by name: nobody reads another module's private
 # members (DESIGN, "Layers").
 from libc.stdint cimport uint64_t, int64_t

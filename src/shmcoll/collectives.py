@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from shmcoll import (_p2p, _schedules, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops,
+from shmcoll import (_front, _p2p, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops,
                      option_fields, placement, profiling, sparse)
 from shmcoll._env import read_settings
 from shmcoll._state import DebugSwitch, GroupState
@@ -115,10 +115,10 @@ class Collectives:
         """The group's first try at all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor
         (``ProcessGroupShm``): where the placement has compiled paths (``paths``: one node's arena), the calls
         its fast paths would run inline in one C schedule call on one lane run whole in one compiled call, from
-        the group's method to the schedule (``_schedules.SmallCollectives``), which returns None for every call
+        the group's method to the schedule (``_front.SmallCollectives``), which returns None for every call
         it does not take."""
         kinds = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
-        return _schedules.SmallCollectives(
+        return _front.SmallCollectives(
             state=self._state, backlog=self._engine.backlog, debug=DebugSwitch(_log), steps=paths.steps,
             schedule=paths.schedule, plans=self._fast_plans,
             kinds=(descriptors.ALLREDUCE, descriptors.BROADCAST, descriptors.ALLGATHER, descriptors.REDUCE_SCATTER),

@@ -2,7 +2,7 @@
 
 Reading a fresh options object through its pybind getters is the largest cost left in a small collective
 (``hash(opts.reduceOp)`` about 0.36 us, ``opts.asyncOp`` 0.09, on the 2-core VM); a load at the field's offset
-costs nothing. ``_schedules.field_offset`` finds each offset by setting the field to values known apart
+costs nothing. ``_front.field_offset`` finds each offset by setting the field to values known apart
 (``_ext/options.pxi`` says how and why); a field it cannot find is read through its getter (-1 below).
 
 The windows are the least each struct can be as torch/csrc/distributed/c10d/Types.hpp declares it (torch
@@ -15,7 +15,7 @@ import functools
 
 import torch.distributed as dist
 
-from shmcoll import _schedules
+from shmcoll import _front
 from shmcoll._torch_compat import AllgatherOptions
 
 # The op values the probe sets (PREMUL_SUM needs a factor, and no plan of it is ever admitted).
@@ -41,7 +41,7 @@ def offsets(options_type) -> dict[str, int]:
     window, fields = _FIELDS[options_type]
     if not _simple_pybind11(options_type):  # another binding: its object may hold no pointer to read
         return {name: -1 for name, _, _ in fields}
-    return {name: _schedules.field_offset(options_type, name, settings, width, window)
+    return {name: _front.field_offset(options_type, name, settings, width, window)
             for name, width, settings in fields}
 
 

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch.distributed as dist
 
-from shmcoll import _schedules, option_fields
+from shmcoll import _front, option_fields
 
 # The compatibility tier (TESTING.md, "Every torch"): this whole file runs on every supported torch in CI.
 pytestmark = pytest.mark.compat
@@ -70,10 +70,10 @@ def test_a_field_is_not_found_where_no_one_offset_reads_it_back():
     flags = option_fields._FLAGS
     at = option_fields.offsets(dist.AllreduceOptions)["asyncOp"]
     # the window ends before the field: nothing reads it
-    assert _schedules.field_offset(dist.AllreduceOptions, "asyncOp", flags, 1, at) == -1
+    assert _front.field_offset(dist.AllreduceOptions, "asyncOp", flags, 1, at) == -1
     # values that are not what the field holds
-    assert _schedules.field_offset(dist.AllreduceOptions, "asyncOp", [(v, 1 - i) for v, i in flags], 1, 48) == -1
+    assert _front.field_offset(dist.AllreduceOptions, "asyncOp", [(v, 1 - i) for v, i in flags], 1, 48) == -1
     # two settings that read the same everywhere leave every stable byte possible: not one offset
-    assert _schedules.field_offset(dist.BroadcastOptions, "rootRank", [(0, 0), (0, 0)], 8, 32) == -1
+    assert _front.field_offset(dist.BroadcastOptions, "rootRank", [(0, 0), (0, 0)], 8, 32) == -1
     with pytest.raises(ValueError, match="width 4"):
-        _schedules.field_offset(dist.BroadcastOptions, "rootRank", [(1, 1)], 4, 32)
+        _front.field_offset(dist.BroadcastOptions, "rootRank", [(1, 1)], 4, 32)

@@ -62,7 +62,7 @@ def one_shot(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, 
 def finish_one_shot(arena, step: int, status: int, desc: int, addr: int, count: int, itemsize: int, kernel: int,
                     op: int, scale: float) -> None:
     """The rest of a one-shot whose first call into the schedule returned ``status``: settled and resumed
-    until DONE, then recorded (also for ``shmcoll._schedules.SmallCollectives``, which made that first call)."""
+    until DONE, then recorded (also for ``shmcoll._front.SmallCollectives``, which made that first call)."""
     if status != DONE:  # a wait outlasted its slice, or a peer is in another collective
         arena.record_schedule(step)
         while status != DONE:

@@ -8,7 +8,7 @@ def barrier(arena, desc: int) -> None:
 
 
 def finish(arena, step: int, desc: int) -> None:
-    """Once ``step`` is posted (here, or by the compiled barrier, ``_schedules.SmallCollectives.barrier``, whose
+    """Once ``step`` is posted (here, or by the compiled barrier, ``_front.SmallCollectives.barrier``, whose
     first wait ended with its slice or found a peer in another collective): wait (slowly) for every rank to
     reach it, and raise if one posted it for another collective."""
     arena.wait_all(step)

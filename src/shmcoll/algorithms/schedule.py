@@ -30,7 +30,7 @@ def run(arena, schedule, desc: int, call, sizes_error=None) -> None:
 
 def finish_run(arena, schedule, desc: int, call, base: int, status: int, sizes_error=None) -> None:
     """The rest of ``run`` once its first call returned ``status`` (also for
-    ``shmcoll._schedules.SmallCollectives``, which made that call)."""
+    ``shmcoll._front.SmallCollectives``, which made that call)."""
     while status != DONE:
         if status == FAILED:
             raise _read_failed(arena, schedule, desc)

@@ -19,7 +19,7 @@ Each offers the same methods, with the same arguments::
   set_background(on)      abort(why): waits in progress raise within a slice      close()      summary() -> lines
   one_shot_bytes: all-reduces up to this size may call one_shot(tensor, count, red, desc) (0: no such path)
   compiled_paths() -> node.CompiledPaths | None: what the group's compiled small collectives and transfers
-      (shmcoll._schedules.SmallCollectives, shmcoll._p2p.SmallTransfers) run on, where they run (OneNode):
+      (shmcoll._front.SmallCollectives, shmcoll._p2p.SmallTransfers) run on, where they run (OneNode):
       the arena's steps and schedule; one_lane_bytes, per collective ("all_reduce", "broadcast",
       "all_gather", "reduce_scatter") the most bytes per rank (a reduce-scatter's per block) that it runs in
       one C schedule call on one lane of its arena (the all-reduce: one one-shot step); async_try_bytes, an

@@ -143,7 +143,7 @@ class OneNode(OnArena):
                                 budgets=waits.inline)
         # The messages that run on the caller's thread in one C schedule call on one lane: the all-reduces of
         # one one-shot step, and the broadcasts, all-gathers and reduce-scatters (per block) of the copy path
-        # below single copy's span; what the group's compiled small collectives take (_schedules.SmallCollectives).
+        # below single copy's span; what the group's compiled small collectives take (_front.SmallCollectives).
         one_lane = int(min(lanes.split_bytes - 1, _NO_LIMIT_BYTES))  # what for_bytes leaves on one lane
         self.one_lane_bytes = {"all_reduce": min(self.one_shot_bytes, one_lane),
                                **{kind: min(one_lane, self._below_single_copy(kind))

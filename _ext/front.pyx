@@ -1,0 +1,22 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled front of the small collectives: from the group's method to the C schedule in one call.
+
+    options.pxi   field_offset: where c10d's options keep a field, read here in C
+    callers.pxi   whose code called: who may get the shared completed Work
+    front.pxi     SmallCollectives: all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor and
+                  the barrier
+
+The schedules it runs are schedules.pyx's (shmcoll/_schedules.pxd), the state it keeps state.pyx's
+(shmcoll/_state.pxd).
+"""
+from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
+from libc.string cimport memcpy
+
+from schedule cimport kernel_t, STATUS_DONE
+from shmcoll._schedules cimport (Schedule, one_shot, reduce_scatter, allgather, broadcast, barrier, apart,
+                                 unwrapped_step)
+from shmcoll._state cimport StepCount, GroupState, Backlog, DebugSwitch
+
+include "callers.pxi"
+include "options.pxi"
+include "front.pxi"
