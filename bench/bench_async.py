@@ -32,8 +32,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import noop_backend  # bench/, beside this script
-from shmcoll.bench import timing
-from shmcoll.bench.sweep import Ctrl, parse_bytes
+from shmcoll_bench import timing
+from shmcoll_bench.sweep import Ctrl, parse_bytes
 
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
 FORMS = ("sync", "async", "funcol", "funcol_")
@@ -83,7 +83,7 @@ def calls(op: str, nbytes: int, group, world: int, rank: int):
 
 
 def best_round_us(fn, ctrl, seconds: float, rounds: int) -> float:
-    """This rank's best time per call over ``rounds`` rounds of an agreed number of calls (shmcoll.bench.timing:
+    """This rank's best time per call over ``rounds`` rounds of an agreed number of calls (shmcoll_bench.timing:
     every rank must make as many calls)."""
     iters = timing.calibrate(fn, ctrl, seconds, warmup=20)
     return min(timing.timed_round(fn, ctrl, iters) for _ in range(rounds)) * 1e6

@@ -24,8 +24,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from shmcoll.bench import results, timing
-from shmcoll.bench.sweep import Ctrl, parse_bytes
+from shmcoll_bench import results, timing
+from shmcoll_bench.sweep import Ctrl, parse_bytes
 
 FORMS = ("pingpong", "ipingpong", "stream")
 
