@@ -283,12 +283,8 @@ def main(argv=None) -> int:
         if rank == 0:
             print(reason)
         return 0
-    if args.pin:  # before any thread starts: they inherit it
-        timing.pin(int(os.environ.get("LOCAL_RANK", "0")))
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    torch.set_num_threads(args.threads)
-    with contextlib.suppress(RuntimeError):
-        torch.set_num_interop_threads(1)
+    sweep.place_threads(args)
 
     _, groups, ctrl = sweep.init_groups(args, rank)
     try:
@@ -300,13 +296,7 @@ def main(argv=None) -> int:
         print(f"error (rank {rank}): DeepSpeed's set-up failed: {type(e).__name__}: {e}", file=sys.stderr)
         traceback.print_exc()
         return sweep.EXIT_BACKEND
-    try:
-        return run(args, groups, ctrl, deepspeed)
-    except cases.Mismatch as e:
-        if rank == 0:
-            print(f"\nerror: {e}", file=sys.stderr, flush=True)
-        dist.destroy_process_group()
-        return sweep.EXIT_MISMATCH
+    return sweep.checked(lambda: run(args, groups, ctrl, deepspeed), rank)
 
 
 def run(args, groups, ctrl, deepspeed: DeepSpeedAllReduce) -> int:

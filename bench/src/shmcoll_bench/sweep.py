@@ -49,6 +49,7 @@ Environment: SWEEP_DEBUG=1 prints tracebacks of backend initialisation failures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import math
 import os
@@ -293,24 +294,21 @@ def init_groups(args, rank: int):
 # --------------------------------------------------------------------------- main
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.pin:  # before any thread starts: they inherit it
+def place_threads(args) -> None:
+    """--pin and --threads for this rank, before any thread starts (threads inherit the binding), and one
+    inter-op thread (torch refuses a second setting; the first stands)."""
+    if args.pin:
         timing.pin(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(args.threads)
-    try:
+    with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
-    rank = int(os.environ.get("RANK", "0"))
-    if "WORLD_SIZE" not in os.environ or "MASTER_ADDR" not in os.environ:
-        print("error: run me under torchrun, e.g. "
-              "torchrun --nproc_per_node=2 -m shmcoll_bench.sweep --quick", file=sys.stderr)
-        return EXIT_BACKEND
 
-    labels, groups, ctrl = init_groups(args, rank)
+
+def checked(measure, rank: int) -> int:
+    """``measure()``'s exit status, or EXIT_MISMATCH once rank 0 has named the wrong result (cases.Mismatch)
+    that stopped it on every rank."""
     try:
-        return run(args, labels, groups, ctrl)
+        return measure()
     except cases.Mismatch as e:
         if rank == 0:
             print(f"\nerror: {e}", file=sys.stderr, flush=True)
@@ -318,6 +316,19 @@ def main(argv=None) -> int:
         return EXIT_MISMATCH
     except KeyboardInterrupt:
         return 130
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    place_threads(args)
+    rank = int(os.environ.get("RANK", "0"))
+    if "WORLD_SIZE" not in os.environ or "MASTER_ADDR" not in os.environ:
+        print("error: run me under torchrun, e.g. "
+              "torchrun --nproc_per_node=2 -m shmcoll_bench.sweep --quick", file=sys.stderr)
+        return EXIT_BACKEND
+
+    labels, groups, ctrl = init_groups(args, rank)
+    return checked(lambda: run(args, labels, groups, ctrl), rank)
 
 
 def run(args, labels, groups, ctrl) -> int:

@@ -78,6 +78,13 @@ def timed_round(fn, ctrl, iters: int) -> float:
     return run_calls(fn, iters) / iters
 
 
+def best_round(fn, ctrl, iters_time: float, rounds: int, warmup: int) -> float:
+    """This rank's best time per call over ``rounds`` rounds of an agreed number of calls (``calibrate``: every
+    rank must make as many calls), for the scripts that report a call's best case rather than the sweeps' median."""
+    iters = calibrate(fn, ctrl, iters_time, warmup)
+    return min(timed_round(fn, ctrl, iters) for _ in range(rounds))
+
+
 def measure_memcpy(ctrl, nbytes: int, seconds: float) -> list:
     """Copy bandwidth (GB/s, bytes copied per second, torch's threads) of every rank, measured
     while all ranks copy at the same time."""
