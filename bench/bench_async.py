@@ -21,9 +21,7 @@ a barrier), and each form's time over the synchronous one's. Results are checked
 """
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
 import os
 import sys
 
@@ -32,8 +30,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import noop_backend  # bench/, beside this script
-from shmcoll.bench import timing
-from shmcoll.bench.sweep import Ctrl, parse_bytes
+from shmcoll_bench import script, timing
+from shmcoll_bench.sweep import Ctrl, parse_bytes
 
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
 FORMS = ("sync", "async", "funcol", "funcol_")
@@ -82,29 +80,17 @@ def calls(op: str, nbytes: int, group, world: int, rank: int):
     return forms, lambda: None, torch.full((per,), float(world))
 
 
-def best_round_us(fn, ctrl, seconds: float, rounds: int) -> float:
-    """This rank's best time per call over ``rounds`` rounds of an agreed number of calls (shmcoll.bench.timing:
-    every rank must make as many calls)."""
-    iters = timing.calibrate(fn, ctrl, seconds, warmup=20)
-    return min(timing.timed_round(fn, ctrl, iters) for _ in range(rounds)) * 1e6
-
-
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="8,256K")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--iters-time", type=float, default=0.1, help="seconds of calls per round")
-    p.add_argument("--json", metavar="PATH")
+    p = script.parser(__doc__)
+    script.add_best_round_options(p, sizes="8,256K")
     args = p.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("shm")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    job = script.start(args.threads)
+    rank, world = job.rank, job.world
     noop_backend.register()
     importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers the "fake" backend
-    groups = {"shm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo"), "noop": dist.new_group(backend="noop"),
+    groups = {"shm": dist.group.WORLD, "gloo": job.groups["gloo"], "noop": dist.new_group(backend="noop"),
               "fake": dist.new_group(backend="fake")}
-    ctrl_group = dist.new_group(backend="gloo")
-    ctrl = Ctrl(ctrl_group)
+    ctrl = Ctrl(job.ctrl)
     rows = []
     for op in OPS:
         for nbytes in map(parse_bytes, args.sizes.split(",")):
@@ -115,10 +101,9 @@ def main() -> int:
                     reset()
                     if not torch.equal(fn(), want) and backend not in ("noop", "fake"):
                         raise SystemExit(f"rank {rank}: {op} {form} on {backend} gave a wrong result")
-                    row["us"][f"{backend}/{form}"] = best_round_us(fn, ctrl, args.iters_time, args.rounds)
-            worst = torch.tensor(list(row["us"].values()), dtype=torch.float64)
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=ctrl_group)
-            row["us"] = dict(zip(row["us"], worst.tolist()))
+                    seconds = timing.best_round(fn, ctrl, args.iters_time, args.rounds, warmup=20)
+                    row["us"][f"{backend}/{form}"] = seconds * 1e6
+            row["us"] = dict(zip(row["us"], ctrl.max(list(row["us"].values()))))  # the slowest rank's
             rows.append(row)
     if rank == 0:
         print(f"{world} ranks, {len(os.sched_getaffinity(0))} usable CPUs, torch {torch.__version__}; float32, us per "
@@ -131,14 +116,9 @@ def main() -> int:
                 cells = [f"{row['us'][k]:.1f} ({row['us'][k] / sync:.2f}x)" if (k := f"{backend}/{form}") in row["us"]
                          else "" for form in FORMS]
                 print(f"| {row['op']} | {row['bytes']} | {backend} | " + " | ".join(cells) + " |")
-        if args.json:
-            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump({"bench": "async", "config": vars(args), "world_size": world, "torch": torch.__version__,
-                           "rows": rows}, f, indent=1)
-    dist.barrier(group=ctrl_group)
-    dist.destroy_process_group()
-    return 0
+        script.write_json(args.json, {"bench": "async", "config": vars(args), "world_size": world,
+                                      "torch": torch.__version__, "rows": rows})
+    return script.finish(job.ctrl)
 
 
 if __name__ == "__main__":

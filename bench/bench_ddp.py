@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -33,6 +32,8 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from shmcoll_bench import script
 
 EXIT_MISMATCH = 3
 GOAL_SPEEDUP = 1.5
@@ -63,6 +64,13 @@ def train_step(model, optimizer, data) -> float:
     return loss.item()
 
 
+def add_round_options(p: argparse.ArgumentParser, warmup: int, rounds: int, steps: int) -> None:
+    """The options of ``alternating_rounds``, with the script's defaults."""
+    p.add_argument("--warmup", type=int, default=warmup, help=f"untimed steps per backend (default {warmup})")
+    p.add_argument("--rounds", type=int, default=rounds, help=f"alternating rounds per backend (default {rounds})")
+    p.add_argument("--steps", type=int, default=steps, help=f"steps per round (default {steps})")
+
+
 def alternating_rounds(models: dict, optimizers: dict, data: list, step_fn, warmup: int, rounds: int, steps: int,
                        ctrl) -> tuple[dict, dict]:
     """Train every model of ``models`` (name -> model) on the same ``data``: ``warmup`` untimed steps each,
@@ -82,38 +90,40 @@ def alternating_rounds(models: dict, optimizers: dict, data: list, step_fn, warm
                 start = time.perf_counter()
                 losses[name].append(step_fn(models[name], optimizers[name], data[warmup + r * steps + i]))
                 times[name].append(time.perf_counter() - start)
-    slowest = torch.tensor([times[n] for n in models], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
-    return losses, {n: slowest[i].tolist() for i, n in enumerate(models)}
+    return losses, dict(zip(models, script.slowest([times[n] for n in models], ctrl)))
+
+
+def print_step_times(step_s: dict) -> dict:
+    """The table of step times (``alternating_rounds``' second result) by model, with what each takes beyond
+    the "local" model's (no communication); returns the median step time by name."""
+    med = {n: statistics.median(v) for n, v in step_s.items()}
+    print("| backend | median step ms | min ms | max ms | median - local ms |")
+    print("|:--------|---------------:|-------:|-------:|------------------:|")
+    for n, v in step_s.items():
+        print(f"| {n:<7} | {med[n] * 1e3:14.1f} | {min(v) * 1e3:6.1f} | {max(v) * 1e3:6.1f} | "
+              f"{(med[n] - med['local']) * 1e3:17.1f} |")
+    return med
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = script.parser(__doc__)
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per backend")
-    p.add_argument("--rounds", type=int, default=5, help="alternating rounds per backend")
-    p.add_argument("--steps", type=int, default=4, help="steps per round")
+    add_round_options(p, warmup=3, rounds=5, steps=4)
     p.add_argument("--bucket-mb", type=float, default=25, help="DDP bucket_cap_mb (DDP's default 25)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--bucket-view", action="store_true",
                    help="DDP gradient_as_bucket_view=True (gradients live in the buckets: no copy in and out)")
-    p.add_argument("--json", metavar="PATH", help="write the results here")
     args = p.parse_args()
-
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("shm")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    groups = {"shm": None, "gloo": dist.new_group(backend="gloo")}  # None: the default (shm) group
-    ctrl = dist.new_group(backend="gloo")
+    job = script.start(args.threads)
+    rank, world, ctrl = job.rank, job.world, job.ctrl
 
     torch.manual_seed(0)
     base = mlp(args.width, args.layers)
     params = sum(p.numel() for p in base.parameters())
     models = {name: DDP(copy.deepcopy(base), process_group=group, bucket_cap_mb=args.bucket_mb,
                         gradient_as_bucket_view=args.bucket_view)
-              for name, group in groups.items()}
+              for name, group in job.groups.items()}
     models["local"] = copy.deepcopy(base)  # the same work with no communication
     optimizers = {name: torch.optim.SGD(model.parameters(), lr=1e-3) for name, model in models.items()}
     total_steps = args.warmup + args.rounds * args.steps
@@ -123,43 +133,30 @@ def main() -> int:
                                         ctrl)
     # Whether any rank saw different losses.
     worst = max(abs(a - b) / max(abs(a), abs(b), 1e-30) for a, b in zip(losses["shm"], losses["gloo"]))
-    flags = torch.tensor([worst, float(losses["shm"] != losses["gloo"])], dtype=torch.float64)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=ctrl)
-    worst_rel, differs = flags.tolist()
+    worst_rel, differs = script.slowest([worst, float(losses["shm"] != losses["gloo"])], ctrl)
 
     code = EXIT_MISMATCH if worst_rel > 1e-5 else 0  # the same on every rank
     if rank == 0:
-        med = {n: statistics.median(v) for n, v in step_s.items()}
-        speedup = med["gloo"] / med["shm"]
         print(f"DDP step, MLP {args.layers} x Linear({args.width}, {args.width}) = {params / 1e6:.1f}M "
               f"parameters ({params * 4 / 2**20:.0f} MiB of float32 gradients), batch {args.batch} per rank, "
               f"{world} ranks, {args.threads} torch thread(s) per rank, bucket {args.bucket_mb:g} MB, "
               f"{os.cpu_count()} CPUs")
         print(f"{len(step_s['shm'])} timed steps per backend in {args.rounds} alternating rounds; "
               f"step time = slowest rank\n")
-        print("| backend | median ms | min ms | max ms | median - local ms |")
-        print("|:--------|----------:|-------:|-------:|------------------:|")
-        for n, v in step_s.items():
-            print(f"| {n:<7} | {med[n] * 1e3:9.1f} | {min(v) * 1e3:6.1f} | {max(v) * 1e3:6.1f} | "
-                  f"{(med[n] - med['local']) * 1e3:17.1f} |")
+        med = print_step_times(step_s)
+        speedup = med["gloo"] / med["shm"]
         print(f"\ngloo/shm step time: {speedup:.2f}x (goal >= {GOAL_SPEEDUP}x: "
               f"{'met' if speedup >= GOAL_SPEEDUP else 'not met'})")
         print(f"losses: {'bitwise equal' if not differs else f'max relative difference {worst_rel:.2e}'} "
               f"over {len(losses['shm'])} steps (last {losses['shm'][-1]:.6f})")
         if code:
             print("error: shm and gloo trained to different losses", file=sys.stderr)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"bench": "ddp", "config": vars(args), "world_size": world, "parameters": params,
-                           "cpus": os.cpu_count(), "torch": torch.__version__,
-                           "step_s": step_s, "median_step_s": med, "speedup_gloo_over_shm": speedup,
-                           "goal": f"gloo/shm >= {GOAL_SPEEDUP}", "goal_met": speedup >= GOAL_SPEEDUP,
-                           "losses_bitwise_equal": not differs, "loss_max_rel_diff": worst_rel,
-                           "losses": losses}, f, indent=1)
-            print(f"wrote {args.json}")
-    dist.barrier(group=ctrl)
-    dist.destroy_process_group()
-    return code
+        script.write_json(args.json, {
+            "bench": "ddp", "config": vars(args), "world_size": world, "parameters": params, "cpus": os.cpu_count(),
+            "torch": torch.__version__, "step_s": step_s, "median_step_s": med, "speedup_gloo_over_shm": speedup,
+            "goal": f"gloo/shm >= {GOAL_SPEEDUP}", "goal_met": speedup >= GOAL_SPEEDUP,
+            "losses_bitwise_equal": not differs, "loss_max_rel_diff": worst_rel, "losses": losses})
+    return script.finish(ctrl, code)
 
 
 if __name__ == "__main__":

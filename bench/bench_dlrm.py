@@ -25,9 +25,7 @@ resident memory.
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import os
 import resource
 import statistics
@@ -38,7 +36,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bench_ddp import alternating_rounds  # bench/ is on the path of a script run from it
+# bench/ is on the path of a script run from it
+from bench_ddp import add_round_options, alternating_rounds, print_step_times
+from shmcoll_bench import script
 
 EXIT_MISMATCH = 3
 GOAL_SPARSE_SPEEDUP = 5.0
@@ -85,26 +85,19 @@ def rss_mib() -> tuple[float, float]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = script.parser(__doc__)
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--bags", type=int, default=2048, help="bags per rank per step")
     p.add_argument("--per-bag", type=int, default=4, help="lookups per bag")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=3, help="steps per round")
+    add_round_options(p, warmup=2, rounds=3, steps=3)
     p.add_argument("--sparse-rounds", type=int, default=15,
                    help="rounds of the sparse all_reduce alone, shm and gloo alternated (their median is reported)")
     p.add_argument("--reps", type=int, default=10, help="sparse all_reduce calls per round")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    p.add_argument("--json", metavar="PATH")
     args = p.parse_args()
 
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("shm")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    groups = {"shm": None, "gloo": dist.new_group(backend="gloo")}
-    ctrl = dist.new_group(backend="gloo")
+    job = script.start(args.threads)
+    rank, world, groups, ctrl = job.rank, job.world, job.groups, job.ctrl
 
     torch.manual_seed(0)
     base = DLRMish(args.rows, args.dim)
@@ -155,18 +148,13 @@ def main() -> int:
 
     code = EXIT_MISMATCH if worst > 1e-5 or sums_differ else 0
     if rank == 0:
-        med = {n: statistics.median(v) for n, v in step_s.items()}
         sparse_med = {"shm": statistics.median(sp[0].tolist()), "gloo": statistics.median(sp[1].tolist())}
         sparse_speedup = sparse_med["gloo"] / sparse_med["shm"]
         nnz, width = grad._nnz(), args.dim
         print(f"DLRM-like DDP step: EmbeddingBag({args.rows}, {args.dim}, sparse) + MLP, {args.bags} bags x "
               f"{args.per_bag} lookups per rank, {world} ranks, {args.threads} torch thread(s) per rank, "
               f"{os.cpu_count()} CPUs, torch {torch.__version__}\n")
-        print("| backend | median step ms | min ms | max ms | median - local ms |")
-        print("|:--------|---------------:|-------:|-------:|------------------:|")
-        for n, v in step_s.items():
-            print(f"| {n:<7} | {med[n] * 1e3:14.1f} | {min(v) * 1e3:6.1f} | {max(v) * 1e3:6.1f} | "
-                  f"{(med[n] - med['local']) * 1e3:17.1f} |")
+        med = print_step_times(step_s)
         print(f"\nsparse all_reduce of the table's gradient ({nnz} rows x {width} float32 per rank, "
               f"{nnz * (width * 4 + 8) / 2**20:.1f} MiB of indices + values): shm "
               f"{sparse_med['shm'] * 1e3:.2f} ms, gloo {sparse_med['gloo'] * 1e3:.2f} ms: {sparse_speedup:.1f}x "
@@ -179,19 +167,13 @@ def main() -> int:
               + " (three copies of the model: shm, gloo, local)")
         if code:
             print("error: shm and gloo trained to different weights", file=sys.stderr)
-        if args.json:
-            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump({"bench": "dlrm", "config": vars(args), "world_size": world, "cpus": os.cpu_count(),
-                           "torch": torch.__version__, "step_s": step_s, "median_step_s": med,
-                           "sparse_allreduce_s": {"shm": sp[0].tolist(), "gloo": sp[1].tolist()},
-                           "sparse_speedup_gloo_over_shm": sparse_speedup, "grad_nnz_per_rank": nnz,
-                           "weights_max_rel_diff": worst, "rss_mib_now_peak": [m.tolist() for m in mems]},
-                          f, indent=1)
-            print(f"wrote {args.json}")
-    dist.barrier(group=ctrl)
-    dist.destroy_process_group()
-    return code
+        script.write_json(args.json, {
+            "bench": "dlrm", "config": vars(args), "world_size": world, "cpus": os.cpu_count(),
+            "torch": torch.__version__, "step_s": step_s, "median_step_s": med,
+            "sparse_allreduce_s": {"shm": sp[0].tolist(), "gloo": sp[1].tolist()},
+            "sparse_speedup_gloo_over_shm": sparse_speedup, "grad_nnz_per_rank": nnz,
+            "weights_max_rel_diff": worst, "rss_mib_now_peak": [m.tolist() for m in mems]})
+    return script.finish(ctrl, code)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 import time
@@ -39,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 import noop_backend  # bench/, beside this script
+from shmcoll_bench import script
 
 
 def per_call_us(fn, iters: int, rounds: int, barrier) -> float:
@@ -56,7 +56,7 @@ def per_call_us(fn, iters: int, rounds: int, barrier) -> float:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # one thread: no --threads
     p.add_argument("--iters", type=int, default=50000, help="calls per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", metavar="PATH", help="write the results here")
@@ -99,9 +99,7 @@ def main() -> int:
         x.fill_(1)
         rows.append({"backend": name, "call": label, "us": per_call_us(fn, args.iters, args.rounds, barrier)})
 
-    worst = torch.tensor([r["us"] for r in rows], dtype=torch.float64)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=ctrl)  # the slowest rank's figure
-    for r, us in zip(rows, worst.tolist()):
+    for r, us in zip(rows, script.slowest([r["us"] for r in rows], ctrl)):
         r["us"] = us
     if rank == 0:
         us = {(r["backend"], r["call"]): r["us"] for r in rows}
@@ -120,14 +118,9 @@ def main() -> int:
               f"{beyond_direct:.2f} us with options made once, {beyond_fresh:.2f} us with options made per call); "
               f"a backend that does nothing pays {us[('noop', wrapped)]:.2f} us (Python) or "
               f"{us[('fake', wrapped)]:.2f} us (C++ fake) through dist.all_reduce")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"bench": "floor", "config": vars(args), "world_size": world, "cpus": os.cpu_count(),
-                           "torch": torch.__version__, "rows": rows}, f, indent=1)
-            print(f"wrote {args.json}")
-    barrier()
-    dist.destroy_process_group()
-    return 0
+        script.write_json(args.json, {"bench": "floor", "config": vars(args), "world_size": world,
+                                      "cpus": os.cpu_count(), "torch": torch.__version__, "rows": rows})
+    return script.finish(ctrl)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,6 @@ separate gloo group.  Takes about 20 s at the defaults.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -37,24 +35,20 @@ import time
 import torch
 import torch.distributed as dist
 
+from shmcoll_bench import script
+
 EXIT_WRONG = 3
 MODES = ("comm", "compute", "sequential", "overlapped")
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = script.parser(__doc__)
     p.add_argument("--mib", type=float, default=64, help="all_reduce size in MiB (default 64)")
     p.add_argument("--matmul", type=int, default=1024, help="matmul dimension (default 1024)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--reps", type=int, default=7, help="repetitions (default 7)")
-    p.add_argument("--json", metavar="PATH", help="write the results here")
     args = p.parse_args()
-
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("shm")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    groups = {"shm": None, "gloo": dist.new_group(backend="gloo")}  # None: the default (shm) group
-    ctrl = dist.new_group(backend="gloo")
+    job = script.start(args.threads)
+    rank, world, groups, ctrl = job.rank, job.world, job.groups, job.ctrl
 
     buf = torch.ones(int(args.mib * 2**20) // 4)
     a = torch.randn(args.matmul, args.matmul)
@@ -97,16 +91,12 @@ def main() -> int:
     except AssertionError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         wrong = 1.0
-    flag = torch.tensor([wrong])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctrl)
-    if flag.item():
+    if script.slowest([wrong], ctrl)[0]:  # any rank's
         dist.destroy_process_group()
         return EXIT_WRONG
 
-    keys = list(local)
-    slowest = torch.tensor([local[k] for k in keys], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
-    med = {k: statistics.median(slowest[i].tolist()) for i, k in enumerate(keys)}
+    slowest = dict(zip(local, script.slowest(list(local.values()), ctrl)))
+    med = {k: statistics.median(v) for k, v in slowest.items()}
 
     if rank == 0:
         print(f"all_reduce {args.mib:g} MiB float32 and a {args.matmul}x{args.matmul} float32 matmul, "
@@ -128,17 +118,11 @@ def main() -> int:
         spare = len(os.sched_getaffinity(0)) - world * args.threads
         print(f"\n{'no spare core' if spare <= 0 else f'{spare} spare core(s)'} for the communication "
               f"({world} ranks x {args.threads} thread(s) on {len(os.sched_getaffinity(0))} CPUs)")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"bench": "overlap", "config": vars(args), "world_size": world,
-                           "usable_cpus": len(os.sched_getaffinity(0)), "torch": torch.__version__,
-                           "median_ms": summary,
-                           "samples_s": {f"{n}/{m}": slowest[i].tolist() for i, (n, m) in enumerate(keys)}},
-                          f, indent=1)
-            print(f"wrote {args.json}")
-    dist.barrier(group=ctrl)
-    dist.destroy_process_group()
-    return 0
+        script.write_json(args.json, {"bench": "overlap", "config": vars(args), "world_size": world,
+                                      "usable_cpus": len(os.sched_getaffinity(0)), "torch": torch.__version__,
+                                      "median_ms": summary,
+                                      "samples_s": {f"{n}/{m}": v for (n, m), v in slowest.items()}})
+    return script.finish(ctrl)
 
 
 if __name__ == "__main__":

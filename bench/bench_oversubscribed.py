@@ -13,8 +13,8 @@ and a collective then takes the time of the crowded core. This prints, per round
 the end of the round (``/proc/self/stat``), then the median per placement (the ranks'
 CPUs, e.g. ``0 1 1 0``): what explains a benchmark of 0.1 s rounds (the README main job)
 that moves from run to run by more than its other noise. The sweeps' calls and sizes
-(``shmcoll.bench.cases``: all_gather's output, reduce_scatter's input; ``shmcoll.bench.mpi``
-for Open MPI's). ``--pin``: the sweeps' pinning (``shmcoll.bench.timing.pin``).
+(``shmcoll_bench.cases``: all_gather's output, reduce_scatter's input; ``shmcoll_bench.mpi``
+for Open MPI's). ``--pin``: the sweeps' pinning (``shmcoll_bench.timing.pin``).
 
 ``--crowd``: how fast the ranks spread out again from the worst placement. Each round puts
 every rank but the last on the first CPU for 300 calls (affinity), gives every rank its whole
@@ -35,9 +35,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from shmcoll.bench import mpi, timing
-from shmcoll.bench.cases import OpCase, counts_for
-from shmcoll.bench.sweep import parse_bytes
+from shmcoll_bench import mpi, timing
+from shmcoll_bench.cases import OpCase, counts_for
+from shmcoll_bench.sweep import parse_bytes
 
 
 def cpu() -> int:

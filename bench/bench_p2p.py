@@ -17,15 +17,14 @@ barrier), and Gloo's time over shm's. Every message's contents are checked once 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 
-from shmcoll.bench import results, timing
-from shmcoll.bench.sweep import Ctrl, parse_bytes
+from shmcoll_bench import script, timing
+from shmcoll_bench.sweep import Ctrl, parse_bytes
 
 FORMS = ("pingpong", "ipingpong", "stream")
 
@@ -73,20 +72,14 @@ def calls(nbytes: int, group, rank: int, world: int):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="8,4K,64K,256K,1M,16M")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--iters-time", type=float, default=0.1, help="seconds of calls per round")
-    p.add_argument("--json", metavar="PATH")
+    p = script.parser(__doc__)
+    script.add_best_round_options(p, sizes="8,4K,64K,256K,1M,16M")
     args = p.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("shm")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    job = script.start(args.threads)
+    rank, world, groups = job.rank, job.world, job.groups
     if world < 2:
         raise SystemExit("bench_p2p.py needs at least 2 ranks")
-    groups = {"shm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
-    ctrl_group = dist.new_group(backend="gloo")
-    ctrl = Ctrl(ctrl_group)
+    ctrl = Ctrl(job.ctrl)
     rows = []
     for nbytes in map(parse_bytes, args.sizes.split(",")):
         row = {"bytes": nbytes, "us": {}}
@@ -97,13 +90,10 @@ def main() -> int:
                 fn()
                 if not ctrl.max([0.0 if check(form) else 1.0])[0] == 0.0:
                     raise SystemExit(f"{form} of {nbytes} bytes on {backend} delivered wrong data")
-                iters = timing.calibrate(fn, ctrl, args.iters_time, warmup=10)
-                per_call = min(timing.timed_round(fn, ctrl, iters) for _ in range(args.rounds))
+                per_call = timing.best_round(fn, ctrl, args.iters_time, args.rounds, warmup=10)
                 # a ping-pong call is a round trip: two messages
                 row["us"][f"{backend}/{form}"] = per_call * 1e6 / (2 if form != "stream" else 1)
-        worst = torch.tensor(list(row["us"].values()), dtype=torch.float64)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=ctrl_group)
-        row["us"] = dict(zip(row["us"], worst.tolist()))
+        row["us"] = dict(zip(row["us"], ctrl.max(list(row["us"].values()))))  # the slowest rank's
         rows.append(row)
     if rank == 0:
         print(f"{world} ranks in pairs, {len(os.sched_getaffinity(0))} usable CPUs, torch {torch.__version__}; "
@@ -116,13 +106,9 @@ def main() -> int:
                      for form in FORMS]
             rates = [row["bytes"] / us[f"{b}/stream"] / 1e3 for b in groups]
             print(f"| {row['bytes']} | " + " | ".join(cells) + f" | {rates[0]:.2f} / {rates[1]:.2f} |")
-        if args.json:
-            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-            results.save({"bench": "p2p", "config": vars(args), "world_size": world, "torch": torch.__version__,
-                          "rows": rows}, args.json)
-    dist.barrier(group=ctrl_group)
-    dist.destroy_process_group()
-    return 0
+        script.write_json(args.json, {"bench": "p2p", "config": vars(args), "world_size": world,
+                                      "torch": torch.__version__, "rows": rows})
+    return script.finish(job.ctrl)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from shmcoll.bench.cases import ALL_OPS, OpCase, counts_for
-from shmcoll.bench.report import SHORT_OP
-from shmcoll.bench.sweep import parse_bytes
+from shmcoll_bench.cases import ALL_OPS, OpCase, counts_for
+from shmcoll_bench.report import SHORT_OP
+from shmcoll_bench.sweep import parse_bytes
 
 
-ROOTED = ("reduce", "gather", "scatter", "all_to_all_single")  # beside the sweep's ops (shmcoll.bench.cases.ALL_OPS)
+ROOTED = ("reduce", "gather", "scatter", "all_to_all_single")  # beside the sweep's ops (shmcoll_bench.cases.ALL_OPS)
 
 
 def collective(op: str, nbytes: int, group, world: int, rank: int):

@@ -46,13 +46,14 @@ sed -n '/^\[project.entry-points."torch.backends"\]/,/^$/p' pyproject.toml | gre
 WHEELS="$carry/whl" bash bench/deepspeed_wheels.sh 2>/dev/null
 
 cat > "$carry/run.sh" <<'RUN'
-# On the lent machine, from the repository root: this tree's extensions in place, shmcoll and DeepSpeed found
-# through PYTHONPATH, then bench/threads.sh (BASE: the carried base tree, if any) with results under $OUT.
+# On the lent machine, from the repository root: this tree's extensions in place, shmcoll, its benchmarks'
+# package (bench/src) and DeepSpeed found through PYTHONPATH, then bench/threads.sh (BASE: the carried base
+# tree, if any) with results under $OUT.
 set -uo pipefail
 mkdir -p "${OUT:-results}"
 cp .carry/ext/*.so src/shmcoll/
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/*.whl
-export PYTHONPATH=$PWD/src:$PWD/.carry/site:/tmp/site PYTHON=python3 RESULTS=${OUT:-results}/threads
+export PYTHONPATH=$PWD/src:$PWD/bench/src:$PWD/.carry/site:/tmp/site PYTHON=python3 RESULTS=${OUT:-results}/threads
 [ -d .carry/base ] && export BASE=${BASE:-.carry/base}
 echo "head $(cat .carry/commit)${BASE:+, base $(cat .carry/base-commit)}" >&2
 python3 -c "import torch, shmcoll, torch.distributed as d; print('torch', torch.__version__, 'shm registered:', 'shm' in d.Backend.backend_list)"

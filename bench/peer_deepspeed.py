@@ -2,7 +2,7 @@
 """DeepSpeed's CPU shared-memory all_reduce beside shm and Gloo, in one interleaved job (BENCHMARKS.md,
 "Threads per rank").
 
-    .venv/bin/python -m pip install -e '.[peers]'    # DeepSpeed, built from its sdist; torch is left as it is
+    .venv/bin/python -m pip install -e './bench[peers]'    # DeepSpeed, built from its sdist; torch is left as it is
     .venv/bin/torchrun --nproc_per_node=2 bench/peer_deepspeed.py --json results/peer-deepspeed-2ranks.json
     .venv/bin/torchrun --nproc_per_node=2 bench/peer_deepspeed.py --max-bytes 4M --rounds 3   # shorter
 
@@ -30,10 +30,10 @@ torch loaded (the op links no OpenMP runtime of its own), so ``torch.set_num_thr
 as it sets shm's lanes and Gloo's; OMP_NUM_THREADS=N as well, for a runtime that would start later.  The
 header lists the OpenMP runtimes mapped into the process: more than one would break that.
 
-Method, as shmcoll.bench.sweep's: at every point each backend first all-reduces the same per-rank random
+Method, as shmcoll_bench.sweep's: at every point each backend first all-reduces the same per-rank random
 data (uniform in [-1, 1), seeded by rank and point), compared with the sum computed locally in float64
 (exit 3 on a wrong result), and with shm's bit for bit (reported, not required: rounding may differ).
-Then per backend an agreed iteration count (shmcoll.bench.timing.calibrate) and ``--rounds`` rounds, the
+Then per backend an agreed iteration count (shmcoll_bench.timing.calibrate) and ``--rounds`` rounds, the
 backends taking turns to go first (shm, gloo, deepspeed; gloo, deepspeed, shm; ...); latency = median
 over rounds of the slowest rank's time per call.  Bookkeeping goes over a separate gloo group.
 
@@ -54,8 +54,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from shmcoll.bench import cases, report, results, sweep, timing
-from shmcoll.bench.report import dtype_name, fmt_bytes
+from shmcoll_bench import cases, report, results, sweep, timing
+from shmcoll_bench.report import dtype_name, fmt_bytes
 
 OP = "all_reduce"
 DEEPSPEED = "deepspeed"
@@ -82,7 +82,7 @@ def parse_args(argv=None):
 def not_applicable() -> str | None:
     """Why this job cannot time DeepSpeed (one line), or None."""
     if importlib.util.find_spec("deepspeed") is None:
-        return ("DeepSpeed is not installed (pip install -e '.[peers]'): its shm all_reduce is not "
+        return ("DeepSpeed is not installed (pip install -e './bench[peers]'): its shm all_reduce is not "
                 "benchmarked; nothing to do")
     world, local = os.environ["WORLD_SIZE"], os.environ["LOCAL_SIZE"]
     if local != world:
@@ -283,12 +283,8 @@ def main(argv=None) -> int:
         if rank == 0:
             print(reason)
         return 0
-    if args.pin:  # before any thread starts: they inherit it
-        timing.pin(int(os.environ.get("LOCAL_RANK", "0")))
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    torch.set_num_threads(args.threads)
-    with contextlib.suppress(RuntimeError):
-        torch.set_num_interop_threads(1)
+    sweep.place_threads(args)
 
     _, groups, ctrl = sweep.init_groups(args, rank)
     try:
@@ -300,13 +296,7 @@ def main(argv=None) -> int:
         print(f"error (rank {rank}): DeepSpeed's set-up failed: {type(e).__name__}: {e}", file=sys.stderr)
         traceback.print_exc()
         return sweep.EXIT_BACKEND
-    try:
-        return run(args, groups, ctrl, deepspeed)
-    except cases.Mismatch as e:
-        if rank == 0:
-            print(f"\nerror: {e}", file=sys.stderr, flush=True)
-        dist.destroy_process_group()
-        return sweep.EXIT_MISMATCH
+    return sweep.checked(lambda: run(args, groups, ctrl, deepspeed), rank)
 
 
 def run(args, groups, ctrl, deepspeed: DeepSpeedAllReduce) -> int:
@@ -377,7 +367,7 @@ def agreement_lines(rows: list[dict], others: list[str]) -> str:
 
 
 def document(args, machine: dict, ds: dict, labels: list[str], rows: list[dict], elapsed: float) -> dict:
-    """The JSON document: the layout of shmcoll.bench.sweep's, so that shmcoll.bench.plot draws it."""
+    """The JSON document: the layout of shmcoll_bench.sweep's, so that shmcoll_bench.plot draws it."""
     return {
         "machine": machine,
         "config": {

@@ -66,7 +66,7 @@ run() {
 sweep() {  # layout, json name, extra sweep arguments
     local layout=$1 name=$2; shift 2
     echo "== $name: sweep at $layout $*" >&2
-    run "$layout" -m shmcoll.bench.sweep --rounds 3 --iters-time 0.1 --json "$OUT/$name.json" "$@"
+    run "$layout" -m shmcoll_bench.sweep --rounds 3 --iters-time 0.1 --json "$OUT/$name.json" "$@"
 }
 
 if wants small; then
@@ -146,7 +146,7 @@ if wants nodes; then
             for node in 0 1; do  # the second in the background; both end with the job
                 SHMCOLL_HOSTID=threads-node$node SHMCOLL_THREADS=${lanes/default/} OMP_NUM_THREADS=$threads \
                     "$PY" -m torch.distributed.run --nnodes 2 --node-rank $node --nproc-per-node "$ranks" \
-                    --master-addr 127.0.0.1 --master-port $port -m shmcoll.bench.sweep --threads "$threads" \
+                    --master-addr 127.0.0.1 --master-port $port -m shmcoll_bench.sweep --threads "$threads" \
                     --backends shm --min-bytes 1M --max-bytes 64M --step 4 --rounds 3 --iters-time 0.1 \
                     --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast --dtypes float32 \
                     --json "$OUT/nodes-$NODE_LAYOUT-lanes-$lanes-$round.json" &

@@ -9,9 +9,10 @@
 #   bash tests/matrix.sh 2.15.0 -- -x tests/test_profiler.py      arguments after -- go to pytest
 #
 # torch <version> lives in .venv-torch-<version> (ignored by git), kept for the next run: torch is installed once;
-# shmcoll is installed from this tree as `pip install '.[test]'` installs it (keeping that torch), again whenever
-# the tree has changed. Each leg prints the torch it ran and pytest's counts (its whole output goes to
-# results/matrix/torch-<version>.log); the script exits non-zero if any leg failed, and says which torch.
+# shmcoll is installed from this tree as `pip install '.[test]'` installs it (keeping that torch), with the
+# benchmarks' package that the tests of the sweep import (bench/), again whenever the tree has changed. Each leg
+# prints the torch it ran and pytest's counts (its whole output goes to results/matrix/torch-<version>.log); the
+# script exits non-zero if any leg failed, and says which torch.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -61,6 +62,7 @@ setup() {  # version: .venv-torch-<version> with that torch and this tree's shmc
         copy=$(mktemp -d)
         tree_files | tar --null -T - -cf - | tar -xf - -C "$copy"
         "$venv/bin/python" -m pip install -q --disable-pip-version-check "$copy[test]" >> "$log" 2>&1 &&
+            "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$copy/bench" >> "$log" 2>&1 &&
             "$venv/bin/python" -m shmcoll warm >> "$log" 2>&1 && echo "$tree" > "$venv/shmcoll-tree"
         local status=$?
         rm -rf "$copy"

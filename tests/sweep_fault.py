@@ -1,6 +1,6 @@
 """The benchmark sweep with a wrong result planted, to check that it refuses to report it.
 
-Run like shmcoll.bench.sweep (under torchrun, same options).  The default process group's
+Run like shmcoll_bench.sweep (under torchrun, same options).  The default process group's
 backend (the first of --backends) gives the last rank a result off by one in its last
 element; the sweep's correctness check must catch that on every rank and exit 3.  Used by
 tests/test_sweep.py.
@@ -9,7 +9,7 @@ import sys
 
 import torch.distributed as dist
 
-from shmcoll.bench import cases, sweep
+from shmcoll_bench import cases, sweep
 
 _call = cases.OpCase.fn
 

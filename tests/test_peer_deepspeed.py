@@ -14,7 +14,7 @@ import pytest
 from tests.harness import REPO, free_port, rank_environment
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                                reason="DeepSpeed is not installed (pip install -e '.[peers]')")
+                                reason="DeepSpeed is not installed (pip install -e './bench[peers]')")
 
 ARGS = ["--quick", "--min-bytes", "8", "--max-bytes", "64K", "--iters-time", "0.005"]
 

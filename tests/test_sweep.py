@@ -1,4 +1,4 @@
-"""The benchmark sweep (shmcoll.bench.sweep) runs, writes its document, and refuses a wrong result.
+"""The benchmark sweep (shmcoll_bench.sweep) runs, writes its document, and refuses a wrong result.
 
 Two quick sweeps at 2 ranks under torchrun, shm against Gloo, four ops at two sizes: one
 must exit 0 with a row per point and a ratio for each, the other, with a wrong result
@@ -23,7 +23,7 @@ def run_sweep(module_or_script: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_sweep_reports_every_point(tmp_path):
     document = tmp_path / "sweep.json"
-    done = run_sweep("shmcoll.bench.sweep", "--json", str(document), "--pin")
+    done = run_sweep("shmcoll_bench.sweep", "--json", str(document), "--pin")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(document.read_text())["config"]["pinned"] is True
     assert "local rank r of n bound to the r-th of n shares of the CPUs" in done.stdout

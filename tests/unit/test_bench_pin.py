@@ -1,4 +1,4 @@
-"""The benchmarks' --pin (shmcoll.bench.timing.pin): local rank r of n on the r-th of n shares of the affinity
+"""The benchmarks' --pin (shmcoll_bench.timing.pin): local rank r of n on the r-th of n shares of the affinity
 mask, or on CPU r modulo the mask where ranks outnumber its CPUs."""
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 _PIN = """
 import os
 os.sched_setaffinity(0, {mask})
-from shmcoll.bench.timing import pin
+from shmcoll_bench.timing import pin
 got = pin({rank}, {ranks})
 print(got == {expected}, os.sched_getaffinity(0) == set({expected}))
 """

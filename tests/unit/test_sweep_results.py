@@ -3,7 +3,7 @@ import io
 
 import pytest
 
-from shmcoll.bench import results as sweep_results
+from shmcoll_bench import results as sweep_results
 
 
 def _doc(labels, rows, memcpy=None):

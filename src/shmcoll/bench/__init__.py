@@ -1,1 +1,0 @@
-"""Benchmark tooling behind ``python -m shmcoll bench``: the sweep, its MPI twin, results and plots."""
