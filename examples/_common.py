@@ -1,7 +1,8 @@
 """What the three examples (ddp.py, tp_inference.py, fsdp2.py) share.
 
 The common options (--backend, --threads, --seed, --json), the thread count per
-rank, the timing summary taken over all ranks, and the JSON file. Each example
+rank, the training loop's timing and loss log (``train``), the timing summary
+taken over all ranks, and the JSON file. Each example
 still calls ``dist.init_process_group`` and ``dist.destroy_process_group``
 itself, so it reads like the script a user would write; this module only holds
 what would otherwise be copied three times. The examples import it as
@@ -13,6 +14,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -26,6 +28,17 @@ def parser(doc: str) -> argparse.ArgumentParser:
                    help="intra-op threads per rank (default: usable cores // local ranks, at least 1)")
     p.add_argument("--seed", type=int, default=0, help="same seed, same data, weights and losses on any backend")
     p.add_argument("--json", metavar="PATH", help="rank 0 writes the results here")
+    return p
+
+
+def training_parser(doc: str, steps: int, warmup: int, optimizer: str) -> argparse.ArgumentParser:
+    """``parser`` with the options of a training example (``train``): its steps, warm-up steps, learning rate and
+    how often it prints the loss."""
+    p = parser(doc)
+    p.add_argument("--steps", type=int, default=steps, help=f"timed steps (default {steps})")
+    p.add_argument("--warmup", type=int, default=warmup, help=f"untimed steps before them (default {warmup})")
+    p.add_argument("--lr", type=float, default=1e-3, help=f"{optimizer} learning rate (default 1e-3)")
+    p.add_argument("--log-every", type=int, default=5, help="print the loss every k steps (default 5)")
     return p
 
 
@@ -72,6 +85,22 @@ def step_summary(step_seconds: list[float]) -> dict:
     """Median step time (of the slowest rank per step) in ms and the steps per second it implies."""
     median_s = statistics.median(slowest_rank(step_seconds))
     return {"median_step_ms": median_s * 1e3, "steps_per_s": 1.0 / median_s}
+
+
+def train(example: str, args, threads: int, params: int, next_batch, train_step) -> None:
+    """``args.warmup`` untimed steps, then ``args.steps`` timed ones: each takes ``next_batch()`` (not timed) and
+    times ``train_step(batch)``, which returns the step's loss; then the summary (``report_training``)."""
+    losses, step_seconds = [], []
+    total = args.warmup + args.steps
+    for step in range(total):
+        batch = next_batch()
+        start = time.perf_counter()
+        loss = train_step(batch)
+        elapsed = time.perf_counter() - start
+        if step >= args.warmup:
+            step_seconds.append(elapsed)
+        record_step(losses, step, loss, elapsed, args, total)
+    report_training(example, args, threads, params, step_seconds, losses)
 
 
 def record_step(losses: list[float], step: int, loss: torch.Tensor, elapsed: float, args, total: int) -> None:

@@ -20,7 +20,6 @@ gradients to all-reduce per step) takes a few tens of ms per step on one core;
 from __future__ import annotations
 
 import gc
-import time
 
 import torch
 import torch.distributed as dist
@@ -57,14 +56,10 @@ class Teacher:
 
 
 def main() -> None:
-    p = _common.parser(__doc__)
-    p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default 5)")
+    p = _common.training_parser(__doc__, steps=30, warmup=5, optimizer="Adam")
     p.add_argument("--batch", type=int, default=64, help="samples per rank per step (default 64)")
     p.add_argument("--hidden", type=int, default=1024, help="width of the hidden layers (default 1024)")
     p.add_argument("--layers", type=int, default=4, help="Linear layers, at least 2 (default 4)")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    p.add_argument("--log-every", type=int, default=5, help="print the loss every k steps (default 5)")
     args = p.parse_args()
     if args.steps < 1 or args.layers < 2:
         p.error("--steps must be at least 1 and --layers at least 2")
@@ -83,22 +78,19 @@ def main() -> None:
     _common.banner("ddp", args, threads,
                           f"MLP {args.layers}x{args.hidden} ({params / 1e6:.2f} M params), batch {args.batch}/rank")
 
-    losses, step_seconds = [], []
-    total = args.warmup + args.steps
-    for step in range(total):
+    def next_batch():
         x = torch.randn(args.batch, IN_FEATURES, generator=data)
-        y = teacher(x)
-        start = time.perf_counter()
+        return x, teacher(x)
+
+    def train_step(batch):
+        x, y = batch
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()  # DDP's gradient all_reduce runs (and is waited for) inside backward
         opt.step()
-        elapsed = time.perf_counter() - start
-        if step >= args.warmup:
-            step_seconds.append(elapsed)
-        _common.record_step(losses, step, loss, elapsed, args, total)
+        return loss
 
-    _common.report_training("ddp", args, threads, params, step_seconds, losses)
+    _common.train("ddp", args, threads, params, next_batch, train_step)
     # Free the DDP model (its reducer holds the process group; reference cycles
     # keep it alive until a collection) while the interpreter is whole. Left to
     # interpreter shutdown, Gloo's group is destroyed there, and a rank may abort

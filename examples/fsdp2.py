@@ -21,7 +21,6 @@ and the final loss, which with two ranks is the same on shm and Gloo.
 from __future__ import annotations
 
 import gc
-import time
 
 import torch
 import torch.distributed as dist
@@ -85,17 +84,13 @@ def progressions(batch: int, seq: int, vocab: int, generator: torch.Generator) -
 
 
 def main() -> None:
-    p = _common.parser(__doc__)
-    p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps before them (default 3)")
+    p = _common.training_parser(__doc__, steps=20, warmup=3, optimizer="AdamW")
     p.add_argument("--batch", type=int, default=8, help="sequences per rank per step (default 8)")
     p.add_argument("--seq", type=int, default=64, help="tokens per sequence (default 64)")
     p.add_argument("--dim", type=int, default=256, help="model width (default 256)")
     p.add_argument("--layers", type=int, default=4, help="transformer blocks (default 4)")
     p.add_argument("--heads", type=int, default=4, help="attention heads, dividing --dim (default 4)")
     p.add_argument("--vocab", type=int, default=512, help="vocabulary size (default 512)")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
-    p.add_argument("--log-every", type=int, default=5, help="print the loss every k steps (default 5)")
     args = p.parse_args()
     if args.steps < 1 or args.dim % args.heads:
         p.error("--steps must be at least 1 and --heads must divide --dim")
@@ -117,21 +112,15 @@ def main() -> None:
                           f"transformer {args.layers}x{args.dim} ({params / 1e6:.2f} M params), "
                           f"batch {args.batch}x{args.seq} tokens/rank")
 
-    losses, step_seconds = [], []
-    total = args.warmup + args.steps
-    for step in range(total):
-        tokens = progressions(args.batch, args.seq, args.vocab, data)
-        start = time.perf_counter()
+    def train_step(tokens):
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(tokens[:, :-1]), tokens[:, 1:].reshape(-1))
         loss.backward()  # the gradient reduce-scatters finish before backward returns
         opt.step()
-        elapsed = time.perf_counter() - start
-        if step >= args.warmup:
-            step_seconds.append(elapsed)
-        _common.record_step(losses, step, loss, elapsed, args, total)
+        return loss
 
-    _common.report_training("fsdp2", args, threads, params, step_seconds, losses)
+    _common.train("fsdp2", args, threads, params, lambda: progressions(args.batch, args.seq, args.vocab, data),
+                  train_step)
     # As in ddp.py: drop the sharded model (it holds the device mesh and so the
     # process group) while the interpreter is whole; left to interpreter shutdown, Gloo's
     # group is destroyed there and a rank may abort after the results are out.
