@@ -2,9 +2,9 @@
 # Textually included by front.pyx, before front.pxi, its one reader.
 #
 # ``dist.all_reduce`` makes a fresh ``AllreduceOptions`` per call, and reading it through its pybind getters
-# costs more than the rest of shm's 8-byte all-reduce on one core: ``hash(opts.reduceOp)`` 0.36 us (the getter
-# wraps a ReduceOp with a keep-alive on its parent), ``opts.asyncOp`` 0.09. Each field is one load in the struct
-# c10d declares (torch/csrc/distributed/c10d/Types.hpp). No header says where, and building against torch's
+# costs more than the rest of shm's 8-byte all-reduce on one core (the reduceOp getter wraps a ReduceOp with
+# a keep-alive on its parent; measured: docs/benchmark-log.md, "Where the time goes"). Each field is one load
+# in the struct c10d declares (torch/csrc/distributed/c10d/Types.hpp). No header says where, and building against torch's
 # would tie the extension to one torch build, so the offsets are found at run time: each field is set through
 # its own setter to values known apart, and the one offset that reads them all back is the field's. A field
 # not found so (another layout, another binding) is read through its getter as before: slower, never wrong.

@@ -1,7 +1,7 @@
 """``python -m shmcoll``: diagnostics and maintenance commands.
 
   info   versions (torch against the tested releases, and every fallback for torch's internals), entry point,
-         CPUs, /dev/shm, kernel library, SHMCOLL_* settings
+         CPUs, /dev/shm, kernel library, SHMCOLL_* settings, the constants docs/DESIGN.md names
   warm   compile the reduction kernels into their native library ahead of time
 
 The benchmarks are a package of their own (bench/ in the repository: ``python -m shmcoll_bench``).
@@ -84,10 +84,50 @@ def _info(_args) -> int:
     for name, raw in _env.variables().items():
         if raw is not None:
             rows.append((f"  ${name}", raw))
+    rows += _constant_rows()
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     return 0
+
+
+# The constants docs/DESIGN.md names instead of quoting their values (tests/unit/test_design_constants.py holds
+# the two to each other): "module.NAME" as DESIGN writes it, and where the module lies under shmcoll.
+NAMED_CONSTANTS = {
+    "_env.GROUP_WIDE": "_env", "_logging._WARN_AFTER_S": "_logging", "_merge.SORTS_AS_TORCH_BELOW": "_merge",
+    "allreduce.ONE_SHOT_RANKS_BYTES": "algorithms.allreduce", "allreduce.ONE_SHOT_STEPS_RANKS": "algorithms.allreduce",
+    "alltoall.TAIL": "placement.across.alltoall", "alltoall._FIRST_ROOM": "placement.across.alltoall",
+    "arena.HEADER_BYTES": "arena", "arena.LINE_BYTES": "arena", "arena.MAX_LANES": "arena",
+    "causes.LEARN_S": "placement.across.causes", "collectives._ABORT_GRACE_S": "collectives",
+    "descriptors.KIND_NAMES": "descriptors", "flat.PLAN_TAG": "placement.flat", "gloo_exit.WAIT_S": "gloo_exit",
+    "kernel_abi.DTYPES": "kernel_abi", "kernel_abi.DTYPE_TABLE": "kernel_abi",
+    "network.EXCHANGE_NODES": "placement.across.network", "node.READ_COST_LIMIT": "placement.node",
+    "node.SINGLE_COPY_SPANS": "placement.node", "p2p.MOVE_SLICE_NS": "p2p", "pipeline.DEPTH": "placement.across.pipeline",
+    "single_copy._PROBE_BYTES": "single_copy", "single_copy._TIMED_READS": "single_copy",
+    "sparse.Buffers.KEEP_BYTES": "sparse", "sparse._ROOM_MAX": "sparse", "torch_internals.ITEMS": "torch_internals",
+    "torch_releases.RELEASES": "torch_releases", "waits.LANE_IDLE_SPIN_NS": "waits", "waits.SLICE_NS": "waits",
+}
+
+
+def named_constant(name: str):
+    """The value of ``name`` (a key of NAMED_CONSTANTS): its module imported, then each attribute after the first
+    dot read in turn; ImportError or AttributeError where the code no longer has it."""
+    import importlib
+
+    value = importlib.import_module(f"shmcoll.{NAMED_CONSTANTS[name]}")
+    for attribute in name.split(".")[1:]:
+        value = getattr(value, attribute)
+    return value
+
+
+def _constant_rows() -> list[tuple[str, str]]:
+    """One row per constant DESIGN names; long values (tables) by their length alone."""
+    rows = [("constants", "named in docs/DESIGN.md")]
+    for name in NAMED_CONSTANTS:
+        value = repr(named_constant(name))
+        rows.append((f"  {name}", value if len(value) <= 100 else f"{type(named_constant(name)).__name__} of "
+                                                                  f"{len(named_constant(name))}"))
+    return rows
 
 
 def _internals_rows(answers) -> list[tuple[str, str]]:

@@ -1,13 +1,13 @@
 """Where the compiled small collectives read c10d's options: each field's byte offset in torch's C++ struct.
 
 Reading a fresh options object through its pybind getters is the largest cost left in a small collective
-(``hash(opts.reduceOp)`` about 0.36 us, ``opts.asyncOp`` 0.09, on the 2-core VM); a load at the field's offset
+(measured: docs/benchmark-log.md, "Where the time goes", the options read in C); a load at the field's offset
 costs nothing. ``_front.field_offset`` finds each offset by setting the field to values known apart
 (``_ext/options.pxi`` says how and why); a field it cannot find is read through its getter (-1 below).
 
-The windows are the least each struct can be as torch/csrc/distributed/c10d/Types.hpp declares it (torch
-2.12-2.14: ReduceOp is a vtable, a refcount, its op and a supplement pointer, 32 bytes), so the probe reads
-nothing outside the struct whatever the layout.
+The windows are the least each struct can be as torch/csrc/distributed/c10d/Types.hpp declares it (on
+every release of ``torch_releases.RELEASES``: ReduceOp is a vtable, a refcount, its op and a supplement
+pointer, 32 bytes), so the probe reads nothing outside the struct whatever the layout.
 """
 from __future__ import annotations
 
