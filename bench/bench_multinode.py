@@ -37,12 +37,10 @@ def rank_main(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from shmcoll.collectives import of_group
-
     torch.set_num_threads(1)
     dist.init_process_group("shm", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
-    where = of_group().placement
+    where = dist.group.WORLD.placement  # the shm group is its own placement's holder (ProcessGroupShm)
     hierarchy = where if type(where).__name__ == "Nodes" else None
     gloo = dist.new_group(backend="gloo")
     rows = []

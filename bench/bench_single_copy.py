@@ -73,11 +73,9 @@ def main() -> None:
             groups[path] = dist.new_group(backend="shm")
     control = dist.new_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    from shmcoll import collectives
-
-    verdict = collectives.of_group(groups["single copy"]).placement.single_copy  # what the group's probe found
+    verdict = groups["single copy"].placement.single_copy  # what the group's probe found
     if rank == 0:
-        lanes = collectives.of_group(groups["single copy"]).placement.lanes.count
+        lanes = groups["single copy"].placement.lanes.count
         print(f"{world} ranks, {lanes} lane(s) each; single copy refused here: {verdict.refused}" if verdict.refused
               else f"{world} ranks, {lanes} lane(s) each; the group's probe: a read of a peer costs "
                    f"{verdict.read_cost:.2f} copies here")

@@ -68,9 +68,8 @@ def mixed_settings(cases):
         cases.run(case, send_recv)
 
     from shmcoll import _env
-    from shmcoll.collectives import of_group
 
-    return {"settings": _env.group_wide(of_group().placement.settings)}
+    return {"settings": _env.group_wide(dist.group.WORLD.placement.settings)}
 
 
 def split_combinations(cases):

@@ -318,10 +318,10 @@ def window_consumer_fails(rank: Rank, failing: int, timeout: float):
     does), and the consumer of rank ``failing`` raises at the second window: an error of that rank alone,
     so it must give up on the arena at once, and the others raise within a slice or two instead of at
     the timeout."""
-    from shmcoll import collectives, descriptors
+    from shmcoll import descriptors
 
     rank.init(timeout=timeout)
-    placement = collectives.of_group()._placement
+    placement = dist.group.WORLD.placement
     data = torch.full((3 * 4096,), rank.rank, dtype=torch.uint8)  # three windows of 4 KiB chunks
 
     def consume(start, n, addresses):

@@ -866,13 +866,11 @@ def single_copy_over_lanes(cases, big: str = "20011"):
     """The all-reduce matrix, every data-movement collective, the rooted ones and all_to_all with single copy
     forced on and several lanes:
     their reads and reductions split over the lane threads, which single copy must have borrowed."""
-    from shmcoll.collectives import of_group
-
     allreduce_matrix(cases, big)
     data_movement(cases, big)
     rooted_and_scattered(cases)
     in_place_overlap(cases)
-    lanes = of_group(None).placement.lanes
+    lanes = dist.group.WORLD.placement.lanes
     cases.check("lanes/single-copy", lanes._single_copy is not None and len(lane_threads()) == lanes.count - 1,
                 f"single copy did not split over the lanes ({len(lane_threads())} lane threads)")
 
@@ -906,10 +904,8 @@ def fast_paths(cases):
     """A call of an (op, dtype, root) met before takes its collective's fast path (no ``_launch``) when it is
     synchronous, or asynchronous and small, with plain tensors; anything else takes the general path; both
     give the reference's result."""
-    from shmcoll.collectives import of_group
-
     rank, world = dist.get_rank(), dist.get_world_size()
-    pg = of_group()
+    pg = dist.group.WORLD
     launches = []
     general = pg._launch
     pg._launch = lambda *args, **kwargs: launches.append(1) or general(*args, **kwargs)

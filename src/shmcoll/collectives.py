@@ -639,12 +639,3 @@ class _TakesNone:
         return None
 
     recv = send
-
-
-def of_group(group=None) -> Collectives:
-    """The shm object of ``group`` (default: the default group)."""
-    if group is None:
-        group = dist.distributed_c10d._get_default_group()
-    if not isinstance(group, Collectives):
-        raise ValueError(f"{group} is not an shm group (it is a {type(group).__name__})")
-    return group

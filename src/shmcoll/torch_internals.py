@@ -77,13 +77,6 @@ def _fail_loud_backend(name: str) -> None:
                             "raising: a collective shm does not define would silently compute nothing")
 
 
-def _default_group(name: str) -> str | None:
-    if hasattr(distributed_c10d, "_get_default_group"):
-        return None
-    # Only the tests and the benchmarks ask of_group for the default group: nothing a job does needs it.
-    return "collectives.of_group() needs its group named (torch.distributed.distributed_c10d has no _get_default_group)"
-
-
 def _premul_factor(name: str) -> str | None:
     if hasattr(dist.ReduceOp, "factor"):
         return None
@@ -169,7 +162,6 @@ ITEMS = (
     Item("ProcessGroup._set_default_backend", "process_group", _group_method("_set_default_backend")),
     Item("FakeProcessGroup._create_internal, FakeProcessGroup.Options.error_on_collective",
          "_torch_compat.fail_loud_backend", _fail_loud_backend),
-    Item("distributed_c10d._get_default_group", "collectives.of_group", _default_group),
     Item("ReduceOp.factor (else the op's pickle state)", "_torch_compat.premul_factor", _premul_factor),
     Item("the options' C++ structs behind pybind11 (op, root, asyncOp)", "option_fields", _options_layout),
     Item("torch._C._profiler._RecordFunctionFast, torch._C._autograd._profiler_enabled", "profiling",

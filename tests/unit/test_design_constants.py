@@ -28,7 +28,7 @@ DESIGN = REPO / "docs" / "DESIGN.md"
 DEFAULTS = Settings()
 # `module.NAME` or `module.Class.NAME` in backticks: NAME upper case, a leading underscore allowed.
 NAMED = re.compile(r"`((?:[A-Za-z_]\w*\.)+_?[A-Z][A-Z0-9_]*)`")
-NOT_OURS = ("distributed_c10d.",)  # torch's, named where DESIGN says what shm writes into it
+NOT_OURS = ("distributed_c10d.", "dist.")  # torch's: named where DESIGN says what shm writes into it or reads of it
 
 
 def design_text() -> str:

@@ -72,11 +72,6 @@ def test_fail_loud_backend_that_computes(monkeypatch):
     _changed("FakeProcessGroup", "computed an all_reduce instead of raising")
 
 
-def test_no_default_group_helper(monkeypatch):
-    monkeypatch.delattr(distributed_c10d, "_get_default_group")
-    _fallback("_get_default_group", "of_group() needs its group named", "has no _get_default_group")
-
-
 def test_premul_factor_without_factor_reads_the_pickle_state(monkeypatch):
     op = dist._make_nccl_premul_sum(2.5)
     monkeypatch.delattr(dist.ReduceOp, "factor", raising=False)
