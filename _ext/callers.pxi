@@ -14,7 +14,7 @@
 #
 # The walk reads the interpreter's own frame records where CPython keeps them apart from frame objects (3.11
 # to 3.13, its internal header): asking for frame objects there (PyEval_GetFrame, PyFrame_GetBack) makes
-# one per frame walked, which cost an 8-byte dist.all_reduce 0.2-0.3 us (BENCHMARKS, "The caller check").
+# one per frame walked, which cost an 8-byte dist.all_reduce 0.2-0.3 us (BENCHMARKS.md, "The 8 B call's floor": the caller check).
 # Elsewhere (3.10, whose frames are objects anyway, and a CPython newer than this was written for) it
 # walks the frame objects.
 from cpython.object cimport PyObject

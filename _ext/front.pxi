@@ -200,7 +200,7 @@ cdef class SmallCollectives:
         That is the spin budget; and where local ranks outnumber the cores (``yield_company``), the yield
         budget too, which hands this core to the peers the call waits for (they need one to arrive): a call
         left to the progress thread there costs its wake-ups on crowded cores, 5-15x the synchronous call (4
-        ranks on 2 cores, BENCHMARKS "Asynchronous means asynchronous"), where the peers mostly arrive within
+        ranks on 2 cores, docs/benchmark-log.md, "Asynchronous means asynchronous"), where the peers mostly arrive within
         the yields."""
         cdef int64_t slice_ns = self.schedule.s.slice_ns
         if async_op:

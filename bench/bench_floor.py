@@ -3,7 +3,7 @@
 
     .venv/bin/torchrun --nproc_per_node=2 bench/bench_floor.py --json results/floor-2ranks.json
 
-The goal is an 8 B all_reduce within 3x of Open MPI (BENCHMARKS.md, "Goals of issue 4"; about 1.1 us here, see the
+The goal is an 8 B all_reduce within 3x of Open MPI (docs/benchmark-log.md, "Goals of issue 4"; about 1.1 us here, see the
 MPI sweep). This measures how much of shm's time torch itself takes, per call (best of
 --rounds rounds of --iters calls; every rank runs the same loops, rank 0 reports):
 

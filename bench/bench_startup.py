@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_startup.py --json results/startup-2ranks.json
     .venv/bin/python bench/bench_startup.py --nproc 4 --trials 5 --cold-trials 2
 
-The goal: shm within 2x of gloo with a warm kernel cache (BENCHMARKS.md, "Goals of issue 4").
+The goal: shm within 2x of gloo with a warm kernel cache (docs/benchmark-log.md, "Goals of issue 4").
 
 Every trial is a fresh ``torchrun --standalone --nproc_per_node N`` job of this file, so
 nothing (imports, Numba kernels in memory, the arena) carries over.  In each rank, after

@@ -1,11 +1,7 @@
 """The shm group: a Python ProcessGroup subclass, on every supported torch.
 
-(torch 2.14 lets a Python class subclass c10d's Backend, to sit under a C++
-group as Gloo does, but the C++ group then hands the caller a holder of the
-Backend's Work that forwards only ``wait`` and ``get_future``: ``is_completed``,
-``exception`` and ``source_rank`` (which ``recv`` from any source needs) answer
-for an empty Work; and reading ``supports_coalescing`` of such a Backend
-recurses without end. A ProcessGroup subclass returns our Work itself.)
+(Why not a Python c10d Backend under a C++ group, as Gloo sits: docs/DESIGN.md,
+"How the group meets torch".)
 
 Three things a C++ group would give for free have to be made here:
 
@@ -90,7 +86,7 @@ def _general_path(method=None, *, name: str | None = None, writes: int | None = 
 
 
 class ProcessGroupShm(Collectives, dist.ProcessGroup):
-    """The shm group itself, on every supported torch (the module's docstring says why not a Backend)."""
+    """The shm group itself, on every supported torch (why not a Backend: docs/DESIGN.md)."""
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         dist.ProcessGroup.__init__(self, rank, size)

@@ -20,7 +20,7 @@ ONE_SHOT_RANKS_BYTES = 1 << 20
 # Between two ranks every all-reduce is one-shot, in steps of one slot above the one-step limit: each rank reads
 # the other's whole input either way (the chunked schedule reads its half to reduce and the other's half of the
 # result), so one-shot steps copy no more and meet once per chunk instead of twice. On the 2-core AMD VM
-# all-reduces of 512 KiB-8 MiB ran 1.5-1.9x faster so (BENCHMARKS.md, "All-reduce between two ranks").
+# all-reduces of 512 KiB-8 MiB ran 1.5-1.9x faster so (docs/benchmark-log.md, "All-reduce between two ranks").
 # A rank's lanes keep the chunked schedule: on 16 cores a one-shot per lane lost to it at 2 x 8 for bfloat16,
 # whose kernel is the dearer part there (BENCHMARKS.md, "Threads per rank").
 ONE_SHOT_STEPS_RANKS = 2
