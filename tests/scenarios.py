@@ -93,6 +93,11 @@ def _counts(world: int, big: int):
     return sorted({0, 1, 7, world * 5 + 1, 1000, big})
 
 
+def allreduce_matrix_planned(world: int, big: str = "5003") -> int:
+    """How many cases ``allreduce_matrix`` runs: every (dtype, op) at every count, the strided and the 3-d one."""
+    return sum(len(ops_for(dtype)) for dtype in ALL_DTYPES) * len(_counts(world, int(big))) + 2
+
+
 def allreduce_matrix(cases, big: str = "5003"):
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
@@ -135,10 +140,18 @@ def allreduce_matrix(cases, big: str = "5003"):
     cases.run("all_reduce/3d", shapes)
 
 
+MOVED_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64, torch.uint8]
+
+
+def data_movement_planned(world: int, big: str = "300001") -> int:
+    """How many cases ``data_movement`` runs: per dtype and count a broadcast per root, all_gather and
+    all_gather_into_tensor; then the two strided ones and the barrier."""
+    return len(MOVED_DTYPES) * len(_counts(world, int(big))) * (world + 2) + 3
+
+
 def data_movement(cases, big: str = "300001"):
     rank, world = dist.get_rank(), dist.get_world_size()
-    dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64, torch.uint8]
-    for dtype in dtypes:
+    for dtype in MOVED_DTYPES:
         for count in _counts(world, int(big)):
             for root in range(world):
                 case = f"broadcast/{str(dtype)[6:]}/n={count}/root={root}"
@@ -250,6 +263,19 @@ def _reduce_dtypes_ops():
             (torch.float64, "product")]
 
 
+GATHERED_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64]
+_SPLIT_SEEDS = (1, 3, 1001)
+
+
+def rooted_and_scattered_planned(world: int, big: str = "5003") -> int:
+    """How many cases ``rooted_and_scattered`` runs: per reduction pair and count a reduce per root (0 and
+    world - 1) and both reduce_scatters; per gathered dtype and count a gather and a scatter per root and both
+    all_to_alls; an all_to_all per split seed."""
+    counts, roots = len(_counts(world, int(big))), len({0, world - 1})
+    return (len(_reduce_dtypes_ops()) * counts * (roots + 2) + len(GATHERED_DTYPES) * counts * (2 * roots + 2)
+            + len(_SPLIT_SEEDS))
+
+
 def rooted_and_scattered(cases, big: str = "5003"):
     """reduce, gather, scatter, reduce_scatter (list and tensor), all_to_all (list, single, splits)."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -295,7 +321,7 @@ def rooted_and_scattered(cases, big: str = "5003"):
 
             cases.run(case, run_rs_list)
 
-    for dtype in [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64]:
+    for dtype in GATHERED_DTYPES:
         for count in counts:
             for root in sorted({0, world - 1}):
                 case = f"gather/{str(dtype)[6:]}/n={count}/root={root}"
@@ -345,7 +371,7 @@ def rooted_and_scattered(cases, big: str = "5003"):
         """Uneven split sizes: rank r sends (r + j + seed) % 4 * seed rows to rank j (some zero)."""
         return [[(r + j + seed_count) % 4 * seed_count for j in range(world)] for r in range(world)]
 
-    for seed_count in (1, 3, 1001):
+    for seed_count in _SPLIT_SEEDS:
         case = f"all_to_all_single/splits/rows={seed_count}"
 
         def run_a2a_splits():
@@ -777,12 +803,23 @@ def lifecycle(cases):
     cases.run("lifecycle/destroy_and_reinit", destroy_and_reinit)
 
 
+_OVERLAP_COUNTS = (1, 7, 5003)
+_OVERLAP_BLOCKS = ("own", "another")  # an all_gather_into_tensor's input inside its output
+_OVERLAP_LAYOUTS = ("every_ranks", "even_ranks", "next_block")  # a reduce_scatter_tensor's output inside its input
+
+
+def in_place_overlap_planned(world: int) -> int:
+    """How many cases ``in_place_overlap`` runs: per count each block, the list all_gather, each layout and the
+    all_to_all."""
+    return len(_OVERLAP_COUNTS) * (len(_OVERLAP_BLOCKS) + 1 + len(_OVERLAP_LAYOUTS) + 1)
+
+
 def in_place_overlap(cases):
     """Input that is this rank's slice of the output (FSDP's in-place form), output inside the input, on every
     rank or on some: a correct result."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    for count in (1, 7, 5003):
-        for block in ("own", "another"):
+    for count in _OVERLAP_COUNTS:
+        for block in _OVERLAP_BLOCKS:
             case = f"overlap/all_gather_into_tensor/{block}_block/n={count}"
 
             def gather_from_a_block():
@@ -810,7 +847,7 @@ def in_place_overlap(cases):
         # rank's block (which that rank reads) on every rank. A path on which the peers read a rank's input
         # must not let that rank's output overwrite it first, and must be every rank's, though only some
         # overlap.
-        for layout in ("every_ranks", "even_ranks", "next_block"):
+        for layout in _OVERLAP_LAYOUTS:
             case = f"overlap/reduce_scatter_tensor/{layout}/n={count}"
 
             def scatter_in_place():
@@ -860,6 +897,11 @@ def lane_threads() -> list[str]:
         except FileNotFoundError:  # a thread that ended meanwhile
             pass
     return found
+
+
+def single_copy_over_lanes_planned(world: int, big: str = "20011") -> int:
+    return (allreduce_matrix_planned(world, big) + data_movement_planned(world, big)
+            + rooted_and_scattered_planned(world) + in_place_overlap_planned(world) + 1)
 
 
 def single_copy_over_lanes(cases, big: str = "20011"):

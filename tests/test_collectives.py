@@ -1,7 +1,7 @@
 """all_reduce, broadcast, all_gather and barrier on shm at world sizes 1-4."""
 import pytest
 
-from tests import movement_scenarios, reduction_scenarios
+from tests import movement_scenarios, reduction_scenarios, scenarios
 from tests.harness import assert_job_passes, shm_entries, spawn
 
 # A 4 KiB chunk reaches the multi-chunk paths of every collective with small inputs.
@@ -19,7 +19,7 @@ def test_all_reduce_matrix(world_size, config):
     # 300001 elements exceed the default 512 KiB chunk for every dtype wider than one byte.
     big = "5003" if config == "small_chunks" else "300001"
     result = spawn("tests.scenarios:allreduce_matrix", world_size, env=env, args=[big])
-    assert_job_passes(result, min_cases=374)
+    assert_job_passes(result, min_cases=scenarios.allreduce_matrix_planned(world_size, big))
     assert shm_entries() - before == set()
 
 
@@ -28,9 +28,7 @@ def test_all_reduce_matrix(world_size, config):
 def test_other_collectives(scenario, world_size):
     before = shm_entries()
     result = spawn(f"tests.scenarios:{scenario}", world_size, env=SMALL_CHUNKS)
-    # data_movement: a broadcast per root; rooted_and_scattered: roots 0 and world - 1, one root at world 1.
-    cases = {"data_movement": 75 + 36 * world_size, "rooted_and_scattered": 285 if world_size == 1 else 399}
-    assert_job_passes(result, min_cases=cases[scenario])
+    assert_job_passes(result, min_cases=getattr(scenarios, f"{scenario}_planned")(world_size))
     assert shm_entries() - before == set()
 
 

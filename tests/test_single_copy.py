@@ -6,16 +6,18 @@ import pytest
 
 from shmcoll.placement.node import READ_COST_LIMIT, SINGLE_COPY_KINDS, SINGLE_COPY_SPANS, single_copy_spans
 from shmcoll.single_copy import Verdict
+from tests import scenarios
 from tests.harness import assert_job_passes, spawn
 
 # 600001 elements: past every span of placement.node.SINGLE_COPY_SPANS for 4-byte types but the
 # all-reduce's 32 MiB, and past one chunk, so that single copy's pieces loop.
-SCENARIOS = [("allreduce_matrix", ["600001"], 374), ("data_movement", ["600001"], None),
-             ("rooted_and_scattered", [], None), ("in_place_overlap", [], 21), ("point_to_point", [], 23)]
+SCENARIOS = [("allreduce_matrix", ["600001"], None), ("data_movement", ["600001"], None),
+             ("rooted_and_scattered", [], None), ("in_place_overlap", [], None), ("point_to_point", [], 23)]
 
 
-def _cases(scenario: str, world: int, fixed) -> int:
-    return fixed or {"data_movement": 75 + 36 * world, "rooted_and_scattered": 399}[scenario]
+def _cases(scenario: str, world: int, fixed, args) -> int:
+    """``fixed``, else what the scenario plans (``tests.scenarios``: ``<scenario>_planned``)."""
+    return fixed or getattr(scenarios, f"{scenario}_planned")(world, *args)
 
 
 @pytest.mark.parametrize("mode", ["1", "0"], ids=["single-copy", "copy"])
@@ -24,7 +26,7 @@ def _cases(scenario: str, world: int, fixed) -> int:
 def test_collectives_on_each_path(scenario, args, cases, world_size, mode):
     env = {"SHMCOLL_SINGLE_COPY": mode, "SHMCOLL_CHUNK_BYTES": "65536", "SHMCOLL_LOG_LEVEL": "INFO"}
     result = spawn(f"tests.scenarios:{scenario}", world_size, env=env, args=args, timeout=300)
-    assert_job_passes(result, min_cases=_cases(scenario, world_size, cases))
+    assert_job_passes(result, min_cases=_cases(scenario, world_size, cases, args))
     expected = "single copy: every size (SHMCOLL_SINGLE_COPY=1)" if mode == "1" else \
         "single copy: off (SHMCOLL_SINGLE_COPY=0)"
     assert expected in result.outputs[0], result.outputs[0]
@@ -37,7 +39,7 @@ def test_refused_by_the_kernel_uses_the_copy_path():
                    env={"SHMCOLL_SINGLE_COPY": "1", "SHMCOLL_LOG_LEVEL": "INFO", "SHMCOLL_CHUNK_BYTES": "65536"},
                    rank_env=lambda rank: {"SHMCOLL_TEST_NOT_DUMPABLE": "1"} if rank == 1 else {},
                    rank_prefix=lambda rank: ["setpriv", "--bounding-set", "-sys_ptrace"] if rank == 0 else [])
-    assert_job_passes(result, min_cases=75 + 36 * 2)
+    assert_job_passes(result, min_cases=scenarios.data_movement_planned(2))
     assert ("single-copy transfers are not allowed between the ranks of this node, so large collectives copy "
             "through shared memory: rank 0: process_vm_readv of local rank 1") in result.outputs[0], result.outputs[0]
     assert "Operation not permitted" in result.outputs[0]
@@ -71,7 +73,7 @@ def test_the_node_measures_what_a_read_costs_and_chooses_by_it():
     where the rule gives it for that cost; the matrix passes on the paths chosen."""
     result = spawn("tests.scenarios:data_movement", 2, timeout=300, args=["600001"],
                    env={"SHMCOLL_LOG_LEVEL": "INFO", "SHMCOLL_CHUNK_BYTES": "65536"})
-    assert_job_passes(result, min_cases=75 + 36 * 2)
+    assert_job_passes(result, min_cases=scenarios.data_movement_planned(2))
     found = re.search(r"single copy: a read costs ([0-9.]+) copies here; (.*)", result.outputs[0])
     assert found, result.outputs[0]
     cost = float(found.group(1))

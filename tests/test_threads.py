@@ -10,6 +10,7 @@ random data).
 """
 import pytest
 
+from tests import scenarios
 from tests.harness import assert_job_passes, shm_entries, spawn
 
 LANES = {"SHMCOLL_CHUNK_BYTES": "8192", "SHMCOLL_SMALL_BYTES": "1024", "SHMCOLL_THREAD_BYTES": "4096"}
@@ -24,7 +25,7 @@ def test_all_reduce_matrix(world_size, threads):
     before = shm_entries()
     result = spawn("tests.scenarios:allreduce_matrix", world_size, env={**LANES, "SHMCOLL_THREADS": str(threads)},
                    args=["20011"])
-    assert_job_passes(result, min_cases=374)
+    assert_job_passes(result, min_cases=scenarios.allreduce_matrix_planned(world_size, "20011"))
     assert shm_entries() - before == set()
 
 
@@ -32,15 +33,14 @@ def test_all_reduce_matrix(world_size, threads):
 def test_all_reduce_matrix_one_shot_over_lanes(threads):
     result = spawn("tests.scenarios:allreduce_matrix", 3,
                    env={**ONE_SHOT_LANES, "SHMCOLL_THREADS": str(threads)}, args=["3001"])
-    assert_job_passes(result, min_cases=374)
+    assert_job_passes(result, min_cases=scenarios.allreduce_matrix_planned(3, "3001"))
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
 @pytest.mark.parametrize("scenario", ["data_movement", "rooted_and_scattered", "in_place_overlap"])
 def test_other_collectives(scenario, threads):
     result = spawn(f"tests.scenarios:{scenario}", 3, env={**LANES, "SHMCOLL_THREADS": str(threads)})
-    assert_job_passes(result, min_cases={"data_movement": 183, "rooted_and_scattered": 399,
-                                         "in_place_overlap": 21}[scenario])
+    assert_job_passes(result, min_cases=getattr(scenarios, f"{scenario}_planned")(3))
 
 
 # Single copy forced on (every size): its reads and reductions split over the lanes from 8 KiB per rank; the
@@ -53,7 +53,7 @@ def test_single_copy_over_lanes(world_size, threads):
     before = shm_entries()
     result = spawn("tests.scenarios:single_copy_over_lanes", world_size,
                    env={**SINGLE_COPY_LANES, "SHMCOLL_THREADS": str(threads)}, timeout=300)
-    assert_job_passes(result, min_cases=374 + 75 + 36 * world_size + 399 + 21 + 1)
+    assert_job_passes(result, min_cases=scenarios.single_copy_over_lanes_planned(world_size))
     assert shm_entries() - before == set()
 
 
@@ -61,7 +61,7 @@ def test_ranks_asking_for_different_thread_counts_agree():
     """Lanes must pair: a rank with 1 thread and ranks with 4 run with the least (1), correctly."""
     result = spawn("tests.scenarios:data_movement", 3, env=LANES,
                    rank_env=lambda rank: {"SHMCOLL_THREADS": "1" if rank == 1 else "4"})
-    assert_job_passes(result, min_cases=183)
+    assert_job_passes(result, min_cases=scenarios.data_movement_planned(3))
 
 
 def test_idle_lane_threads_sleep():
