@@ -10,8 +10,9 @@ import os
 import torch
 import torch.distributed as dist
 
+from tests.lane_scenarios import lane_threads
 from tests.scenarios import (R, _data, _equal, check_all_gather_into_tensor, check_barrier, check_broadcast,
-                             lane_threads, make_input, reference_reduce)
+                             make_input, reference_reduce)
 
 # Environment of the multi-node jobs: a 4 KiB chunk reaches the multi-chunk paths with
 # small inputs, and 4 KiB segments the pipelines of several segments; the matrix's 5003

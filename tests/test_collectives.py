@@ -50,7 +50,7 @@ def test_every_dtype_moved(world_size):
 
 @pytest.mark.parametrize("world_size", [1, 2, THREE, 4])
 def test_api_surface(world_size):
-    result = spawn("tests.scenarios:api_surface", world_size, env=SMALL_CHUNKS)
+    result = spawn("tests.api_scenarios:api_surface", world_size, env=SMALL_CHUNKS)
     assert_job_passes(result, min_cases=8)
 
 
@@ -58,14 +58,14 @@ def test_api_surface(world_size):
 @pytest.mark.parametrize("config", ["default", "small_chunks"])
 def test_point_to_point(world_size, config):
     env = {**SMALL_CHUNKS, "SHMCOLL_P2P_BYTES": "4096"} if config == "small_chunks" else {}
-    result = spawn("tests.scenarios:point_to_point", world_size, env=env)
+    result = spawn("tests.p2p_scenarios:point_to_point", world_size, env=env)
     assert_job_passes(result, min_cases=1 if world_size == 1 else 25)
 
 
 @pytest.mark.parametrize("world_size", [1, THREE])
 def test_lifecycle(world_size):
     before = shm_entries()
-    result = spawn("tests.scenarios:lifecycle", world_size)
+    result = spawn("tests.group_scenarios:lifecycle", world_size)
     assert_job_passes(result, min_cases=5)
     assert shm_entries() - before == set()
 
@@ -78,12 +78,12 @@ def test_in_place_overlap(world_size):
 
 @pytest.mark.parametrize("world_size", [1, THREE])
 def test_fast_paths(world_size):
-    result = spawn("tests.scenarios:fast_paths", world_size, env=SMALL_CHUNKS)
+    result = spawn("tests.fast_path_scenarios:fast_paths", world_size, env=SMALL_CHUNKS)
     assert_job_passes(result, min_cases=30)
 
 
 @pytest.mark.compat
 def test_fast_paths_options_by_getters():
     """Where the options' fields are not found in torch's structs, the compiled path reads their getters."""
-    result = spawn("tests.scenarios:fast_paths", 3, env={**SMALL_CHUNKS, "TEST_OPTIONS_BY_GETTERS": "1"})
+    result = spawn("tests.fast_path_scenarios:fast_paths", 3, env={**SMALL_CHUNKS, "TEST_OPTIONS_BY_GETTERS": "1"})
     assert_job_passes(result, min_cases=30)

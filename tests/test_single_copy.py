@@ -11,8 +11,10 @@ from tests.harness import assert_job_passes, spawn
 
 # 600001 elements: past every span of placement.node.SINGLE_COPY_SPANS for 4-byte types but the
 # all-reduce's 32 MiB, and past one chunk, so that single copy's pieces loop.
-SCENARIOS = [("allreduce_matrix", ["600001"], None), ("data_movement", ["600001"], None),
-             ("rooted_and_scattered", [], None), ("in_place_overlap", [], None), ("point_to_point", [], 23)]
+# (module, scenario, its arguments, the cases it runs where its module does not plan them)
+SCENARIOS = [("scenarios", "allreduce_matrix", ["600001"], None), ("scenarios", "data_movement", ["600001"], None),
+             ("scenarios", "rooted_and_scattered", [], None), ("scenarios", "in_place_overlap", [], None),
+             ("p2p_scenarios", "point_to_point", [], 23)]
 
 
 def _cases(scenario: str, world: int, fixed, args) -> int:
@@ -22,10 +24,10 @@ def _cases(scenario: str, world: int, fixed, args) -> int:
 
 @pytest.mark.parametrize("mode", ["1", "0"], ids=["single-copy", "copy"])
 @pytest.mark.parametrize("world_size", [2, 3])
-@pytest.mark.parametrize("scenario, args, cases", SCENARIOS, ids=[s for s, _, _ in SCENARIOS])
-def test_collectives_on_each_path(scenario, args, cases, world_size, mode):
+@pytest.mark.parametrize("module, scenario, args, cases", SCENARIOS, ids=[s for _, s, _, _ in SCENARIOS])
+def test_collectives_on_each_path(module, scenario, args, cases, world_size, mode):
     env = {"SHMCOLL_SINGLE_COPY": mode, "SHMCOLL_CHUNK_BYTES": "65536", "SHMCOLL_LOG_LEVEL": "INFO"}
-    result = spawn(f"tests.scenarios:{scenario}", world_size, env=env, args=args, timeout=300)
+    result = spawn(f"tests.{module}:{scenario}", world_size, env=env, args=args, timeout=300)
     assert_job_passes(result, min_cases=_cases(scenario, world_size, cases, args))
     expected = "single copy: every size (SHMCOLL_SINGLE_COPY=1)" if mode == "1" else \
         "single copy: off (SHMCOLL_SINGLE_COPY=0)"

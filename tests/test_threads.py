@@ -10,7 +10,7 @@ random data).
 """
 import pytest
 
-from tests import scenarios
+from tests import lane_scenarios, scenarios
 from tests.harness import assert_job_passes, shm_entries, spawn
 
 LANES = {"SHMCOLL_CHUNK_BYTES": "8192", "SHMCOLL_SMALL_BYTES": "1024", "SHMCOLL_THREAD_BYTES": "4096"}
@@ -51,9 +51,9 @@ SINGLE_COPY_LANES = {**LANES, "SHMCOLL_SINGLE_COPY": "1"}
 @pytest.mark.parametrize("world_size, threads", [(2, 3), (3, 2)])
 def test_single_copy_over_lanes(world_size, threads):
     before = shm_entries()
-    result = spawn("tests.scenarios:single_copy_over_lanes", world_size,
+    result = spawn("tests.lane_scenarios:single_copy_over_lanes", world_size,
                    env={**SINGLE_COPY_LANES, "SHMCOLL_THREADS": str(threads)}, timeout=300)
-    assert_job_passes(result, min_cases=scenarios.single_copy_over_lanes_planned(world_size))
+    assert_job_passes(result, min_cases=lane_scenarios.single_copy_over_lanes_planned(world_size))
     assert shm_entries() - before == set()
 
 
@@ -66,7 +66,7 @@ def test_ranks_asking_for_different_thread_counts_agree():
 
 def test_idle_lane_threads_sleep():
     """After a collective split over lanes the lane threads use no CPU, and destroy_process_group ends them."""
-    result = spawn("tests.scenarios:lane_threads_sleep", 2, env={"SHMCOLL_THREADS": "4"})
+    result = spawn("tests.lane_scenarios:lane_threads_sleep", 2, env={"SHMCOLL_THREADS": "4"})
     assert_job_passes(result, min_cases=4)
 
 
