@@ -1,0 +1,226 @@
+"""The fast paths: a call of an (op, dtype, root) met before takes its collective's fast path (no ``_launch``)
+when it is synchronous, or asynchronous and small, with plain tensors; anything else takes the general path;
+both give the reference's result. On one node, the calls that one C schedule call on one lane runs go whole
+through compiled code (shmcoll._schedules.SmallCollectives), which reads each call's options from torch's
+structs and keeps the group's bookkeeping as the general path does."""
+from __future__ import annotations
+
+import time
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from tests.references import assert_equal, make_input, ops_for, reference_reduce
+
+
+class Subclass(torch.Tensor):
+    pass
+
+
+# (collective, dtype, op name) of the calls each variant is made of
+CALLS = (("all_reduce", torch.float32, "sum"), ("all_reduce", torch.int32, "max"),
+         ("reduce_scatter_tensor", torch.bfloat16, "sum"), ("broadcast", torch.float64, None),
+         ("all_gather_into_tensor", torch.int16, None))
+OVERLAP_PAYS = 300_001  # above the one-shot limit and the inline asynchronous size: overlap pays
+# (count, asynchronous, tensor type, whether the fast path takes it once admitted), in order: the first admits
+VARIANTS = ((7, False, torch.Tensor, False), (7, False, torch.Tensor, True), (1, True, torch.Tensor, True),
+            (5003, False, torch.Tensor, True), (OVERLAP_PAYS, True, torch.Tensor, False),
+            (7, False, Subclass, False))
+# Every op of these dtypes, sync and async, through each reducing collective's compiled path.
+EVERY_OP_DTYPES = (torch.float32, torch.int32)
+REDUCING = ("all_reduce", "reduce_scatter_tensor")
+LATE_PEER_CALLS = tuple(call for call in CALLS if call != ("all_reduce", torch.int32, "max"))
+BARRIERS = ((False, False), (True, False), (False, True))  # (asynchronous, a late peer)
+# The cases besides those tables: every root of a broadcast, and async Works of their own.
+OTHER_CASES = _EVERY_ROOT, _WORKS_OWN = ("fast_path/every_root", "fast_path/async_works_own")
+
+
+def fast_paths(cases):
+    from shmcoll.collectives import of_group
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pg = of_group()
+    launches = []
+    general = pg._launch
+    pg._launch = lambda *args, **kwargs: launches.append(1) or general(*args, **kwargs)
+
+    def own_work(case, work):
+        # an asynchronous call's Work is its own (torch's synchronous wrappers share one completed Work)
+        assert work is not pg._engine.shared_completed, f"{case}: an async call returned the shared completed Work"
+        work.wait()
+
+    def all_reduce(case, dtype, count, op_name, async_op, make=torch.Tensor):
+        inputs = [make_input(case, r, dtype, count, op_name) for r in range(world)]
+        tensor = inputs[rank].clone().as_subclass(make)
+        work = dist.all_reduce(tensor, op=ops_for(dtype)[op_name], async_op=async_op)
+        if async_op:
+            own_work(case, work)
+        assert_equal(tensor.as_subclass(torch.Tensor), reference_reduce(inputs, op_name, dtype), case)
+
+    def reduce_scatter(case, dtype, count, op_name, async_op, make=torch.Tensor):
+        inputs = [make_input(case, r, dtype, world * count, op_name) for r in range(world)]
+        out = torch.zeros(count, dtype=dtype).as_subclass(make)
+        work = dist.reduce_scatter_tensor(out, inputs[rank].clone(), op=ops_for(dtype)[op_name], async_op=async_op)
+        if async_op:
+            own_work(case, work)
+        expected = reference_reduce(inputs, op_name, dtype)[rank * count:(rank + 1) * count]
+        assert_equal(out.as_subclass(torch.Tensor), expected, case)
+
+    def broadcast(case, dtype, count, op_name, async_op, make=torch.Tensor):
+        root = world - 1
+        tensor = (make_input(case, root, dtype, count) if rank == root else torch.zeros(count, dtype=dtype))
+        tensor = tensor.as_subclass(make)
+        work = dist.broadcast(tensor, root, async_op=async_op)
+        if async_op:
+            own_work(case, work)
+        assert_equal(tensor.as_subclass(torch.Tensor), make_input(case, root, dtype, count), case)
+
+    def all_gather(case, dtype, count, op_name, async_op, make=torch.Tensor):
+        out = torch.zeros(world * count, dtype=dtype).as_subclass(make)
+        work = dist.all_gather_into_tensor(out, make_input(case, rank, dtype, count), async_op=async_op)
+        if async_op:
+            own_work(case, work)
+        everyone = torch.cat([make_input(case, r, dtype, count) for r in range(world)])
+        assert_equal(out.as_subclass(torch.Tensor), everyone, case)
+
+    calls = {"all_reduce": all_reduce, "reduce_scatter_tensor": reduce_scatter, "broadcast": broadcast,
+             "all_gather_into_tensor": all_gather}
+
+    # On one node, the calls of the fast paths that one C schedule call on one lane runs go whole through
+    # compiled code (shmcoll._schedules.SmallCollectives), which keeps the group's bookkeeping
+    # (describe_current) as the general path does.
+    compiled = getattr(pg._small, "taken", None)
+    one_lane_bytes = getattr(pg.placement, "one_lane_bytes", {})
+    placement_kind = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
+                      "broadcast": "broadcast", "all_gather_into_tensor": "all_gather"}
+
+    for name, dtype, op_name in CALLS:
+        call = calls[name]
+        for n, (count, async_op, make, fast) in enumerate(VARIANTS):
+            case = f"fast_path/{name}/{dtype}/{op_name}/n={count}/async={async_op}/{make.__name__}#{n}"
+
+            if count == OVERLAP_PAYS:  # one rank runs everything inline (placement.single): it has nothing to overlap
+                fast = pg.placement.async_inline
+
+            def run():
+                launches.clear()
+                before = pg._small.taken if compiled is not None else 0
+                seq = pg._state.seq
+                call(case, dtype, count, op_name, async_op, make)
+                went = "the general path" if launches else "the fast path"
+                assert bool(launches) != fast, f"{case}: took {went}"
+                took = (pg._small.taken - before) if compiled is not None else 0
+                want = fast and count * dtype.itemsize <= one_lane_bytes.get(placement_kind[name], 0)
+                assert took == want, f"{case}: the compiled path took {took} calls, not {int(want)}"
+                assert pg._state.seq == seq + 1 and f"{count} elements) #{seq + 1}" in pg.describe_current(), \
+                    f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
+
+            cases.run(case, run)
+
+    # The compiled path reads each call's op, root and asyncOp from torch's options structs
+    # (shmcoll.option_fields): every op of an all_reduce and a reduce_scatter_tensor, every root of a broadcast,
+    # sync and async, gives the reference's result there (the second call of each: the first admits its plan).
+    # An asynchronous call gets a Work of its own, which a later call's result does not change.
+    reduced = []  # calls of every_op the compiled path took
+
+    def every_op(case, call, dtype, op_name, async_op):
+        for n in range(2):
+            before = pg._small.taken if compiled is not None else 0
+            call(f"{case}#{n}", dtype, 3, op_name, async_op)
+        reduced.append((pg._small.taken - before) if compiled is not None else 0)
+
+    for dtype in EVERY_OP_DTYPES:
+        for op_name in ops_for(dtype):
+            for async_op in (False, True):
+                for name in REDUCING:
+                    cases.run(f"fast_path/every_op/{name}/{dtype}/{op_name}/async={async_op}", every_op,
+                              f"every_op/{name}/{dtype}/{op_name}/async={async_op}", calls[name], dtype, op_name,
+                              async_op)
+    if one_lane_bytes:  # at least sum, product, min and max of both dtypes, both ways, for both collectives
+        cases.check("fast_path/every_op/compiled", sum(reduced) >= 4 * 2 * 2 * 2,
+                    f"the compiled path took {sum(reduced)} of the {len(reduced)} calls")
+
+    def every_root():
+        for root in range(world):
+            for async_op in (False, True):
+                case = f"fast_path/every_root/{root}/async={async_op}"
+                for n in range(2):
+                    before = pg._small.taken if compiled is not None else 0
+                    tensor = (make_input(case, root, torch.int64, 5) if rank == root
+                              else torch.zeros(5, dtype=torch.int64))
+                    work = dist.broadcast(tensor, root, async_op=async_op)
+                    if async_op:
+                        work.wait()
+                        later = torch.zeros(3)
+                        dist.all_reduce(later)  # runs inline too, after the broadcast's Work was made
+                        assert work.result()[0] is tensor, f"{case}: the async Work's result is another call's"
+                    assert_equal(tensor, make_input(case, root, torch.int64, 5), case)
+                took = (pg._small.taken - before) if compiled is not None else 0
+                assert took == (1 + async_op if one_lane_bytes else 0), f"{case}: the compiled path took {took} calls"
+
+    cases.run(_EVERY_ROOT, every_root)
+
+    def async_works_own():
+        # Every asynchronous call gets a Work of its own, whichever path ran it; one the caller dropped is not
+        # handed out again (nothing can observe it, but nothing of it is kept either: tests/async_scenarios.py).
+        x, y = torch.ones(3), torch.ones(4)
+        works = [dist.all_reduce(x, async_op=True), dist.all_reduce(y, async_op=True)]
+        first = weakref.ref(works[0])
+        works[0].wait()
+        del works[0]
+        works.append(dist.all_reduce(x, async_op=True))
+        assert first() is None or all(w is not first() for w in works), "a dropped async Work was handed out again"
+        assert works[0] is not works[1] and works[0].result()[0] is y and works[1].result()[0] is x, \
+            "an async Work is another call's"
+        for work in works:
+            work.wait()
+        assert_equal(x, torch.full((3,), float(world ** 2)), _WORKS_OWN)
+
+    cases.run(_WORKS_OWN, async_works_own)
+
+    def late_peer():
+        # The last rank comes after several wait slices: the compiled path's first wait gives up and the
+        # slow wait (finish_one_shot, finish_run of shmcoll.algorithms) finishes the call, with the same result.
+        if rank == world - 1:
+            time.sleep(0.35)
+        before = pg._small.taken if compiled is not None else 0
+        call(case, dtype, 7, op_name, False)
+        if one_lane_bytes:
+            assert pg._small.taken == before + 1, f"{case}: the compiled path did not take the late call"
+
+    for name, dtype, op_name in LATE_PEER_CALLS:
+        call = calls[name]
+        case = f"fast_path/{name}/late_peer"
+        cases.run(case, late_peer)
+
+    # The barrier takes the compiled path from its first call (it has no plan to admit); a late peer's barrier
+    # must still hold everyone back (finish of shmcoll.algorithms.barrier, after the first slice).
+    for async_op, late in BARRIERS:
+        case = f"fast_path/barrier/async={async_op}/late={late}"
+
+        def barrier_call():
+            before = pg._small.taken if compiled is not None else 0
+            seq = pg._state.seq
+            if late and rank == world - 1:
+                time.sleep(0.35)
+            start = time.monotonic()
+            work = dist.barrier(async_op=async_op)
+            if async_op:
+                work.wait()
+            held = time.monotonic() - start
+            took = (pg._small.taken - before) if compiled is not None else 0
+            assert took == (1 if one_lane_bytes else 0), f"{case}: the compiled path took {took} calls"
+            assert pg._state.seq == seq + 1 and pg.describe_current() == f"barrier() #{seq + 1}", \
+                f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
+            assert not late or rank == world - 1 or held > 0.25, f"{case}: the barrier let rank {rank} go after " \
+                f"{held:.3f} s, before the late rank came"
+
+        cases.run(case, barrier_call)
+
+
+def fast_paths_cases() -> int:
+    """How many cases ``fast_paths`` runs on each rank (with the one-lane compiled path it checks one more:
+    that every_op took it)."""
+    every_op = sum(len(ops_for(dtype)) for dtype in EVERY_OP_DTYPES) * 2 * len(REDUCING)  # sync and async
+    return len(CALLS) * len(VARIANTS) + every_op + len(OTHER_CASES) + len(LATE_PEER_CALLS) + len(BARRIERS)
