@@ -15,7 +15,7 @@ import itertools
 import torch
 import torch.distributed as dist
 
-from tests.scenarios import _data, _equal, make_input, reference_reduce
+from tests.references import assert_equal, make_data, make_input, reference_reduce
 
 
 def mixed_settings(cases):
@@ -29,7 +29,7 @@ def mixed_settings(cases):
             inputs = [make_input(case, r, torch.float32, count) for r in range(world)]
             tensor = inputs[rank].clone()
             dist.all_reduce(tensor)
-            _equal(tensor, reference_reduce(inputs, "sum", torch.float32), "all_reduce")
+            assert_equal(tensor, reference_reduce(inputs, "sum", torch.float32), "all_reduce")
 
         cases.run(case, all_reduce)
 
@@ -37,8 +37,8 @@ def mixed_settings(cases):
 
         def all_gather_into():
             out = torch.zeros(world * count)
-            dist.all_gather_into_tensor(out, _data(case, rank, torch.float32, count))
-            _equal(out, torch.cat([_data(case, r, torch.float32, count) for r in range(world)]), "all_gather")
+            dist.all_gather_into_tensor(out, make_data(case, rank, torch.float32, count))
+            assert_equal(out, torch.cat([make_data(case, r, torch.float32, count) for r in range(world)]), "all_gather")
 
         cases.run(case, all_gather_into)
 
@@ -46,9 +46,9 @@ def mixed_settings(cases):
 
         def all_gather_list():
             outs = [torch.zeros(count) for _ in range(world)]
-            dist.all_gather(outs, _data(case, rank, torch.float32, count))
+            dist.all_gather(outs, make_data(case, rank, torch.float32, count))
             for r in range(world):
-                _equal(outs[r], _data(case, r, torch.float32, count), f"all_gather slot {r}")
+                assert_equal(outs[r], make_data(case, r, torch.float32, count), f"all_gather slot {r}")
 
         cases.run(case, all_gather_list)
 
@@ -59,11 +59,11 @@ def mixed_settings(cases):
             # A ring: each rank sends to the next and receives from the previous, both at once.
             to, frm = (rank + 1) % world, (rank - 1) % world
             out = torch.zeros(count)
-            ops = [dist.P2POp(dist.isend, _data(case, rank, torch.float32, count), to),
+            ops = [dist.P2POp(dist.isend, make_data(case, rank, torch.float32, count), to),
                    dist.P2POp(dist.irecv, out, frm)]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
-            _equal(out, _data(case, frm, torch.float32, count), f"message from rank {frm}")
+            assert_equal(out, make_data(case, frm, torch.float32, count), f"message from rank {frm}")
 
         cases.run(case, send_recv)
 
@@ -83,14 +83,14 @@ def split_combinations(cases):
             case = f"all_to_all_single/rows={rows}/explicit={''.join('ES'[e] for e in explicit)}"
 
             def even():
-                data = _data(case, rank, torch.float32, rows * world * 2).reshape(-1, 2)
+                data = make_data(case, rank, torch.float32, rows * world * 2).reshape(-1, 2)
                 splits = [rows] * world if explicit[rank] else None
                 out = torch.full((rows * world, 2), -1.0)
                 dist.all_to_all_single(out, data, output_split_sizes=splits, input_split_sizes=splits)
                 theirs = torch.full((rows * world, 2), -2.0)
                 dist.all_to_all_single(theirs, data, output_split_sizes=splits, input_split_sizes=splits,
                                        group=gloo)
-                _equal(out, theirs, "shm vs gloo")
+                assert_equal(out, theirs, "shm vs gloo")
 
             cases.run(case, even)
 
@@ -103,14 +103,14 @@ def split_combinations(cases):
             def uneven():
                 send = [(rank + 1) * rows] * world
                 recv = [(r + 1) * rows for r in range(world)]
-                data = _data(case, rank, torch.float32, sum(send))
+                data = make_data(case, rank, torch.float32, sum(send))
                 input_splits = None if leave_out_input[rank] else send
                 out = torch.full((sum(recv),), -1.0)
                 dist.all_to_all_single(out, data, output_split_sizes=recv, input_split_sizes=input_splits)
                 theirs = torch.full((sum(recv),), -2.0)
                 dist.all_to_all_single(theirs, data, output_split_sizes=recv, input_split_sizes=input_splits,
                                        group=gloo)
-                _equal(out, theirs, "shm vs gloo")
+                assert_equal(out, theirs, "shm vs gloo")
 
             cases.run(case, uneven)
 
@@ -125,9 +125,10 @@ def split_combinations(cases):
         if last:
             send[rank] += 1
         room = torch.full((rows * world + 4, 2), 7.0)  # the output, then rows that must stay untouched
+        mine = make_data(case, rank, torch.float32, 2 * sum(send)).reshape(-1, 2)
         try:
-            dist.all_to_all_single(room[:rows * world], _data(case, rank, torch.float32, 2 * sum(send)).reshape(-1, 2),
-                                   output_split_sizes=[rows] * world, input_split_sizes=send)
+            dist.all_to_all_single(room[:rows * world], mine, output_split_sizes=[rows] * world,
+                                   input_split_sizes=send)
         except ValueError as error:
             expected = f"rank {world - 1} sends {8 * (rows + 1)} bytes to rank {world - 1}, which expects {8 * rows}"
             assert expected in str(error), error
@@ -147,11 +148,11 @@ def split_combinations(cases):
             def size(src, dst):
                 return rows if 0 in (src, dst) else rows * (src + dst + 1)
 
-            ins = [_data(f"{case}/{rank}->{j}", rank, torch.float32, size(rank, j)) for j in range(world)]
+            ins = [make_data(f"{case}/{rank}->{j}", rank, torch.float32, size(rank, j)) for j in range(world)]
             outs = [torch.full((size(j, rank),), -1.0) for j in range(world)]
             dist.all_to_all(outs, ins)
             for j in range(world):
-                _equal(outs[j], _data(f"{case}/{j}->{rank}", j, torch.float32, size(j, rank)),
-                       f"all_to_all from {j}")
+                assert_equal(outs[j], make_data(f"{case}/{j}->{rank}", j, torch.float32, size(j, rank)),
+                             f"all_to_all from {j}")
 
         cases.run(case, list_form)

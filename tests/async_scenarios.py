@@ -10,7 +10,7 @@ same job (tests/test_async.py).
 - Nothing held: a tensor given to a finished collective (synchronous, asynchronous run inline or queued, on
   every compiled path and the general one, point-to-point) is freed once the caller drops it and its Work.
 
-Inputs differ per rank and position (``tests.scenarios.make_input``) and every result is checked against a
+Inputs differ per rank and position (``tests.references.make_input``) and every result is checked against a
 local reference.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tests.scenarios import _equal, make_input
+from tests.references import assert_equal, make_input
 
 # What "finishes at once" means here: Gloo takes well under 0.1 s for these on 2 cores; a hang would take the
 # group's timeout (GROUP_TIMEOUT), which is what shm did before asynchronous calls stopped waiting for peers.
@@ -107,12 +107,12 @@ class Collective:
             return
         if name in ("all_gather", "gather"):
             for got, want in zip(self.outputs, self.expected):
-                _equal(got, want, what)
+                assert_equal(got, want, what)
         elif name in ("all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "scatter",
                       "all_to_all_single"):
-            _equal(self.output, self.expected, what)
+            assert_equal(self.output, self.expected, what)
         else:
-            _equal(self.tensor, self.expected, what)
+            assert_equal(self.tensor, self.expected, what)
 
 
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -179,7 +179,7 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
             got = torch.empty_like(message)
             dist.recv(got, 1, group=group)
             work.wait()
-            _equal(got, message, case)
+            assert_equal(got, message, case)
         elif rank == 1:
             dist.send(message, 0, group=group)
             reduced.issue(group, async_op=False)
@@ -227,7 +227,7 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
             time.sleep(0.001)
         work.wait()
         del garbage
-        _equal(output, expected, case)
+        assert_equal(output, expected, case)
 
     for name in ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"):
         for nbytes in (8, 4096, 240 << 10):
@@ -260,8 +260,8 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
         for work, tensor in works:
             assert work.result()[0] is tensor, f"{case}: a Work's result is another call's tensor"
         if name == "allreduce":
-            _equal(first, expected[0], case)
-            _equal(second, expected[1], case)
+            assert_equal(first, expected[0], case)
+            assert_equal(second, expected[1], case)
 
     for name in ("allreduce", "broadcast"):
         for nbytes in (8, limit + 4 * ITEM):
@@ -361,9 +361,9 @@ def works_held_by_torch(cases):
             if work is not None:
                 work.wait()
                 assert work.result()[0] is later, f"{case}: an async Work's result is another call's"
-            _equal(later, torch.full((n,), total), case)
+            assert_equal(later, torch.full((n,), total), case)
         for k, tensor in enumerate(pending):
-            _equal(torch.ops._c10d_functional.wait_tensor(tensor), torch.full((n,), total + world * k), case)
+            assert_equal(torch.ops._c10d_functional.wait_tensor(tensor), torch.full((n,), total + world * k), case)
 
     def chained(backend: str, n: int):
         group = groups[backend]
@@ -374,7 +374,7 @@ def works_held_by_torch(cases):
         for _ in range(3):
             dist.all_reduce(torch.ones(n), group=group)
         for k, future in enumerate(futures):
-            _equal(future.wait(), torch.full((n,), 2 * (total + world * k)), case)
+            assert_equal(future.wait(), torch.full((n,), 2 * (total + world * k)), case)
 
     def ddp_hook(backend: str):
         group = groups[backend]
@@ -396,7 +396,7 @@ def works_held_by_torch(cases):
         everyone = [torch.empty_like(grads) for _ in range(world)]
         dist.all_gather(everyone, grads, group=groups["gloo"])
         for other in everyone:  # every rank holds the same averaged gradients
-            _equal(other, grads, case)
+            assert_equal(other, grads, case)
         return grads
 
     for n in (2, 4099):

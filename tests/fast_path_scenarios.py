@@ -1,5 +1,8 @@
-"""Which path a call takes (the compiled small collectives, the fast paths, the general path) and that
-each gives the reference's result: ``fast_paths``."""
+"""The fast paths: a call of an (op, dtype, root) met before takes its collective's fast path (no ``_launch``)
+when it is synchronous, or asynchronous and small, with plain tensors; anything else takes the general path;
+both give the reference's result. On one node, the calls that one C schedule call on one lane runs go whole
+through compiled code (shmcoll._front.SmallCollectives), which reads each call's options from torch's
+structs and keeps the group's bookkeeping as the general path does."""
 from __future__ import annotations
 
 import time
@@ -8,15 +11,34 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from tests.scenarios import _equal, make_input, ops_for, reference_reduce
+from tests.references import assert_equal, make_input, ops_for, reference_reduce
+
+
+class Subclass(torch.Tensor):
+    pass
+
+
+# (collective, dtype, op name) of the calls each variant is made of
+CALLS = (("all_reduce", torch.float32, "sum"), ("all_reduce", torch.int32, "max"),
+         ("reduce_scatter_tensor", torch.bfloat16, "sum"), ("broadcast", torch.float64, None),
+         ("all_gather_into_tensor", torch.int16, None))
+OVERLAP_PAYS = 300_001  # above the one-shot limit and the inline asynchronous size: overlap pays
+# (count, asynchronous, tensor type, whether the fast path takes it once admitted), in order: the first admits
+VARIANTS = ((7, False, torch.Tensor, False), (7, False, torch.Tensor, True), (1, True, torch.Tensor, True),
+            (5003, False, torch.Tensor, True), (OVERLAP_PAYS, True, torch.Tensor, False),
+            (7, False, Subclass, False))
+# Every op of these dtypes, sync and async, through each reducing collective's compiled path.
+EVERY_OP_DTYPES = (torch.float32, torch.int32)
+REDUCING = ("all_reduce", "reduce_scatter_tensor")
+LATE_PEER_CALLS = tuple(call for call in CALLS if call != ("all_reduce", torch.int32, "max"))
+BARRIERS = ((False, False), (True, False), (False, True))  # (asynchronous, a late peer)
+# The cases besides those tables: every root of a broadcast, and async Works of their own.
+OTHER_CASES = _EVERY_ROOT, _WORKS_OWN = ("fast_path/every_root", "fast_path/async_works_own")
 
 
 def fast_paths(cases):
-    """A call of an (op, dtype, root) met before takes its collective's fast path (no ``_launch``) when it is
-    synchronous, or asynchronous and small, with plain tensors; anything else takes the general path; both
-    give the reference's result."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    pg = dist.group.WORLD
+    pg = dist.group.WORLD  # the shm group is its own shm object (ProcessGroupShm)
     launches = []
     general = pg._launch
     pg._launch = lambda *args, **kwargs: launches.append(1) or general(*args, **kwargs)
@@ -32,7 +54,7 @@ def fast_paths(cases):
         work = dist.all_reduce(tensor, op=ops_for(dtype)[op_name], async_op=async_op)
         if async_op:
             own_work(case, work)
-        _equal(tensor.as_subclass(torch.Tensor), reference_reduce(inputs, op_name, dtype), case)
+        assert_equal(tensor.as_subclass(torch.Tensor), reference_reduce(inputs, op_name, dtype), case)
 
     def reduce_scatter(case, dtype, count, op_name, async_op, make=torch.Tensor):
         inputs = [make_input(case, r, dtype, world * count, op_name) for r in range(world)]
@@ -41,7 +63,7 @@ def fast_paths(cases):
         if async_op:
             own_work(case, work)
         expected = reference_reduce(inputs, op_name, dtype)[rank * count:(rank + 1) * count]
-        _equal(out.as_subclass(torch.Tensor), expected, case)
+        assert_equal(out.as_subclass(torch.Tensor), expected, case)
 
     def broadcast(case, dtype, count, op_name, async_op, make=torch.Tensor):
         root = world - 1
@@ -50,18 +72,18 @@ def fast_paths(cases):
         work = dist.broadcast(tensor, root, async_op=async_op)
         if async_op:
             own_work(case, work)
-        _equal(tensor.as_subclass(torch.Tensor), make_input(case, root, dtype, count), case)
+        assert_equal(tensor.as_subclass(torch.Tensor), make_input(case, root, dtype, count), case)
 
     def all_gather(case, dtype, count, op_name, async_op, make=torch.Tensor):
         out = torch.zeros(world * count, dtype=dtype).as_subclass(make)
         work = dist.all_gather_into_tensor(out, make_input(case, rank, dtype, count), async_op=async_op)
         if async_op:
             own_work(case, work)
-        _equal(out.as_subclass(torch.Tensor), torch.cat([make_input(case, r, dtype, count) for r in range(world)]),
-               case)
+        everyone = torch.cat([make_input(case, r, dtype, count) for r in range(world)])
+        assert_equal(out.as_subclass(torch.Tensor), everyone, case)
 
-    class Subclass(torch.Tensor):
-        pass
+    calls = {"all_reduce": all_reduce, "reduce_scatter_tensor": reduce_scatter, "broadcast": broadcast,
+             "all_gather_into_tensor": all_gather}
 
     # On one node, the calls of the fast paths that one C schedule call on one lane runs go whole through
     # compiled code (shmcoll._front.SmallCollectives), which keeps the group's bookkeeping
@@ -71,22 +93,12 @@ def fast_paths(cases):
     placement_kind = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
                       "broadcast": "broadcast", "all_gather_into_tensor": "all_gather"}
 
-    big = 300_001  # above the one-shot limit and the inline asynchronous size: overlap pays
-    for name, call, dtype, op_name in (("all_reduce", all_reduce, torch.float32, "sum"),
-                                       ("all_reduce", all_reduce, torch.int32, "max"),
-                                       ("reduce_scatter_tensor", reduce_scatter, torch.bfloat16, "sum"),
-                                       ("broadcast", broadcast, torch.float64, None),
-                                       ("all_gather_into_tensor", all_gather, torch.int16, None)):
-        # (call, count, asynchronous, tensor type, whether the fast path takes it once admitted)
-        for n, (count, async_op, make, fast) in enumerate(((7, False, torch.Tensor, False),  # admits
-                                                           (7, False, torch.Tensor, True),
-                                                           (1, True, torch.Tensor, True),
-                                                           (5003, False, torch.Tensor, True),
-                                                           (big, True, torch.Tensor, False),
-                                                           (7, False, Subclass, False))):
+    for name, dtype, op_name in CALLS:
+        call = calls[name]
+        for n, (count, async_op, make, fast) in enumerate(VARIANTS):
             case = f"fast_path/{name}/{dtype}/{op_name}/n={count}/async={async_op}/{make.__name__}#{n}"
 
-            if count == big:  # one rank runs everything inline (placement.single): it has nothing to overlap
+            if count == OVERLAP_PAYS:  # one rank runs everything inline (placement.single): it has nothing to overlap
                 fast = pg.placement.async_inline
 
             def run():
@@ -116,12 +128,13 @@ def fast_paths(cases):
             call(f"{case}#{n}", dtype, 3, op_name, async_op)
         reduced.append((pg._small.taken - before) if compiled is not None else 0)
 
-    for dtype in (torch.float32, torch.int32):
+    for dtype in EVERY_OP_DTYPES:
         for op_name in ops_for(dtype):
             for async_op in (False, True):
-                for name, call in (("all_reduce", all_reduce), ("reduce_scatter_tensor", reduce_scatter)):
+                for name in REDUCING:
                     cases.run(f"fast_path/every_op/{name}/{dtype}/{op_name}/async={async_op}", every_op,
-                              f"every_op/{name}/{dtype}/{op_name}/async={async_op}", call, dtype, op_name, async_op)
+                              f"every_op/{name}/{dtype}/{op_name}/async={async_op}", calls[name], dtype, op_name,
+                              async_op)
     if one_lane_bytes:  # at least sum, product, min and max of both dtypes, both ways, for both collectives
         cases.check("fast_path/every_op/compiled", sum(reduced) >= 4 * 2 * 2 * 2,
                     f"the compiled path took {sum(reduced)} of the {len(reduced)} calls")
@@ -140,11 +153,11 @@ def fast_paths(cases):
                         later = torch.zeros(3)
                         dist.all_reduce(later)  # runs inline too, after the broadcast's Work was made
                         assert work.result()[0] is tensor, f"{case}: the async Work's result is another call's"
-                    _equal(tensor, make_input(case, root, torch.int64, 5), case)
+                    assert_equal(tensor, make_input(case, root, torch.int64, 5), case)
                 took = (pg._small.taken - before) if compiled is not None else 0
                 assert took == (1 + async_op if one_lane_bytes else 0), f"{case}: the compiled path took {took} calls"
 
-    cases.run("fast_path/every_root", every_root)
+    cases.run(_EVERY_ROOT, every_root)
 
     def async_works_own():
         # Every asynchronous call gets a Work of its own, whichever path ran it; one the caller dropped is not
@@ -160,9 +173,9 @@ def fast_paths(cases):
             "an async Work is another call's"
         for work in works:
             work.wait()
-        _equal(x, torch.full((3,), float(world ** 2)), "fast_path/async_works_own")
+        assert_equal(x, torch.full((3,), float(world ** 2)), _WORKS_OWN)
 
-    cases.run("fast_path/async_works_own", async_works_own)
+    cases.run(_WORKS_OWN, async_works_own)
 
     def late_peer():
         # The last rank comes after several wait slices: the compiled path's first wait gives up and the
@@ -174,16 +187,14 @@ def fast_paths(cases):
         if one_lane_bytes:
             assert pg._small.taken == before + 1, f"{case}: the compiled path did not take the late call"
 
-    for name, call, dtype, op_name in (("all_reduce", all_reduce, torch.float32, "sum"),
-                                       ("reduce_scatter_tensor", reduce_scatter, torch.bfloat16, "sum"),
-                                       ("broadcast", broadcast, torch.float64, None),
-                                       ("all_gather_into_tensor", all_gather, torch.int16, None)):
+    for name, dtype, op_name in LATE_PEER_CALLS:
+        call = calls[name]
         case = f"fast_path/{name}/late_peer"
         cases.run(case, late_peer)
 
     # The barrier takes the compiled path from its first call (it has no plan to admit); a late peer's barrier
     # must still hold everyone back (finish of shmcoll.algorithms.barrier, after the first slice).
-    for async_op, late in ((False, False), (True, False), (False, True)):
+    for async_op, late in BARRIERS:
         case = f"fast_path/barrier/async={async_op}/late={late}"
 
         def barrier_call():
@@ -204,3 +215,10 @@ def fast_paths(cases):
                 f"{held:.3f} s, before the late rank came"
 
         cases.run(case, barrier_call)
+
+
+def fast_paths_cases() -> int:
+    """How many cases ``fast_paths`` runs on each rank (with the one-lane compiled path it checks one more:
+    that every_op took it)."""
+    every_op = sum(len(ops_for(dtype)) for dtype in EVERY_OP_DTYPES) * 2 * len(REDUCING)  # sync and async
+    return len(CALLS) * len(VARIANTS) + every_op + len(OTHER_CASES) + len(LATE_PEER_CALLS) + len(BARRIERS)

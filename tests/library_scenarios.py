@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from tests.references import assert_refused
+
 R = dist.ReduceOp
 
 
@@ -320,12 +322,7 @@ def sparse(cases):
 
     def refuses_other_ops():
         t = _sparse(rank, (10, 2), 3, 1, torch.float32, 0)
-        try:
-            dist.all_reduce(t, op=R.MAX)
-        except ValueError as error:
-            assert "sparse" in str(error) and "MAX" in str(error), error
-        else:
-            raise AssertionError("a sparse MAX was accepted")
+        assert_refused(lambda: dist.all_reduce(t, op=R.MAX), ValueError, ("sparse", "MAX"), "a sparse MAX")
 
     cases.run("sparse/refuses_max", refuses_other_ops)
 

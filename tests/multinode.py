@@ -1,7 +1,7 @@
 """Scenarios for groups spanning several (simulated) nodes: SHMCOLL_HOSTID differs between ranks.
 
 Every case is checked against a local reference built from (case, rank) seeds,
-as in tests/scenarios.py.
+as in tests/references.py.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from tests.lane_scenarios import lane_threads
-from tests.scenarios import (R, _data, _equal, check_all_gather_into_tensor, check_barrier, check_broadcast,
-                             make_input, reference_reduce)
+from tests.movement_scenarios import check_all_gather_into_tensor, check_barrier, check_broadcast
+from tests.references import R, assert_equal, make_data, make_input, reference_reduce, rows_received, split_rows
 
 # Environment of the multi-node jobs: a 4 KiB chunk reaches the multi-chunk paths with
 # small inputs, and 4 KiB segments the pipelines of several segments; the matrix's 5003
@@ -53,7 +53,7 @@ def matrix(cases, big: str = "5003"):
                     inputs = [make_input(case, r, dtype, count, op_name) for r in range(world)]
                     tensor = inputs[rank].clone()
                     dist.all_reduce(tensor, op=op)
-                    _equal(tensor, reference_reduce(inputs, op_name, dtype), "all_reduce")
+                    assert_equal(tensor, reference_reduce(inputs, op_name, dtype), "all_reduce")
 
                 cases.run(case, all_reduce)
 
@@ -64,7 +64,7 @@ def matrix(cases, big: str = "5003"):
                     out = torch.full((count,), 3, dtype=dtype)
                     dist.reduce_scatter_tensor(out, inputs[rank], op=op)
                     expected = reference_reduce(inputs, op_name, dtype)[rank * count:(rank + 1) * count]
-                    _equal(out, expected, "reduce_scatter_tensor")
+                    assert_equal(out, expected, "reduce_scatter_tensor")
 
                 cases.run(case, reduce_scatter)
 
@@ -76,11 +76,12 @@ def matrix(cases, big: str = "5003"):
         w2 = dist.all_reduce(second, async_op=True)
         w1.wait()
         w2.wait()
-        _equal(base[:, 0], reference_reduce([make_input("nc", r, torch.float32, 999) for r in range(world)], "sum",
-                                            torch.float32), "strided all_reduce")
-        _equal(base[:, 1], torch.full((999,), -7.0), "untouched neighbours")
-        _equal(second, reference_reduce([make_input("second", r, torch.float32, 33) for r in range(world)], "sum",
-                                        torch.float32), "second async all_reduce")
+        expected = reference_reduce([make_input("nc", r, torch.float32, 999) for r in range(world)], "sum",
+                                    torch.float32)
+        assert_equal(base[:, 0], expected, "strided all_reduce")
+        assert_equal(base[:, 1], torch.full((999,), -7.0), "untouched neighbours")
+        assert_equal(second, reference_reduce([make_input("second", r, torch.float32, 33) for r in range(world)], "sum",
+                                              torch.float32), "second async all_reduce")
 
     cases.run("all_reduce/async_strided", all_reduce_async_and_strided)
 
@@ -89,7 +90,7 @@ def matrix(cases, big: str = "5003"):
         dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
         expected = reference_reduce([make_input("premul", r, torch.float32, 41) for r in range(world)], "sum",
                                     torch.float32) * 0.5
-        _equal(t, expected, "premul_sum")
+        assert_equal(t, expected, "premul_sum")
 
     cases.run("all_reduce/premul_sum", premul_sum)
 
@@ -112,7 +113,7 @@ def matrix(cases, big: str = "5003"):
         dist.all_to_all_single(out, inp)
         expected = torch.cat([torch.arange(rank * n, (rank + 1) * n, dtype=torch.float32) + 100 * r
                               for r in range(world)])
-        _equal(out, expected, "all_to_all_single")
+        assert_equal(out, expected, "all_to_all_single")
 
     cases.run("all_to_all_single", all_to_all_single)
 
@@ -122,15 +123,10 @@ def matrix(cases, big: str = "5003"):
         def all_to_all_splits():
             table = [[(r + j + unit) % 3 * unit for j in range(world)] for r in range(world)]  # some zero
             send, recv = table[rank], [table[r][rank] for r in range(world)]
-            data = _data(case, rank, torch.float32, sum(send) * 2).reshape(-1, 2)
             out = torch.full((sum(recv), 2), -1.0)
-            dist.all_to_all_single(out, data, output_split_sizes=recv, input_split_sizes=send)
-            pieces = []
-            for r in range(world):
-                theirs = _data(case, r, torch.float32, sum(table[r]) * 2).reshape(-1, 2)
-                start = sum(table[r][:rank])
-                pieces.append(theirs[start:start + table[r][rank]])
-            _equal(out, torch.cat(pieces), "all_to_all_single with splits")
+            dist.all_to_all_single(out, split_rows(case, rank, table, 2), output_split_sizes=recv,
+                                   input_split_sizes=send)
+            assert_equal(out, rows_received(case, rank, table, 2), "all_to_all_single with splits")
 
         cases.run(case, all_to_all_splits)
 
@@ -140,11 +136,12 @@ def matrix(cases, big: str = "5003"):
             def count(src, dst):
                 return unit * (1 + (src + dst) % 2)
 
-            ins = [_data(f"{case}/{rank}->{j}", rank, torch.int64, count(rank, j)) for j in range(world)]
+            ins = [make_data(f"{case}/{rank}->{j}", rank, torch.int64, count(rank, j)) for j in range(world)]
             outs = [torch.zeros(count(r, rank), dtype=torch.int64) for r in range(world)]
             dist.all_to_all(outs, ins)
             for r in range(world):
-                _equal(outs[r], _data(f"{case}/{r}->{rank}", r, torch.int64, count(r, rank)), f"all_to_all from {r}")
+                assert_equal(outs[r], make_data(f"{case}/{r}->{rank}", r, torch.int64, count(r, rank)),
+                             f"all_to_all from {r}")
 
         cases.run(case, all_to_all_list)
 
@@ -152,12 +149,12 @@ def matrix(cases, big: str = "5003"):
             case = f"gather/n={unit}/root={root}"
 
             def gather():
-                tensor = _data(case, rank, torch.float32, unit)
+                tensor = make_data(case, rank, torch.float32, unit)
                 outs = [torch.zeros(unit) for _ in range(world)] if rank == root else None
                 dist.gather(tensor, outs, dst=root)
                 if rank == root:
                     for r in range(world):
-                        _equal(outs[r], _data(case, r, torch.float32, unit), f"gather slot {r}")
+                        assert_equal(outs[r], make_data(case, r, torch.float32, unit), f"gather slot {r}")
 
             cases.run(case, gather)
 
@@ -165,9 +162,9 @@ def matrix(cases, big: str = "5003"):
 
             def scatter():
                 out = torch.zeros(unit, dtype=torch.bfloat16)
-                ins = [_data(case, r, torch.bfloat16, unit) for r in range(world)] if rank == root else None
+                ins = [make_data(case, r, torch.bfloat16, unit) for r in range(world)] if rank == root else None
                 dist.scatter(out, ins, src=root)
-                _equal(out, _data(case, rank, torch.bfloat16, unit), "scatter")
+                assert_equal(out, make_data(case, rank, torch.bfloat16, unit), "scatter")
 
             cases.run(case, scatter)
 
@@ -178,7 +175,7 @@ def matrix(cases, big: str = "5003"):
                 t = inputs[rank].clone()
                 dist.reduce(t, dst=root)
                 expected = reference_reduce(inputs, "sum", torch.float32) if rank == root else inputs[rank]
-                _equal(t, expected, "reduce")
+                assert_equal(t, expected, "reduce")
 
             cases.run(case, reduce)
 
@@ -203,29 +200,29 @@ def matrix(cases, big: str = "5003"):
         # Even ranks send a row to each rank, odd ranks 300 (above SHMCOLL_SMALL_BYTES): with the ranks
         # interleaved, one node's leader carries its blocks with its sizes and the other's does not.
         rows = [1 if r % 2 == 0 else 300 for r in range(world)]
-        data = _data("mixed-a2a", rank, torch.float32, rows[rank] * world * 2).reshape(-1, 2)
+        data = make_data("mixed-a2a", rank, torch.float32, rows[rank] * world * 2).reshape(-1, 2)
         out = torch.full((sum(rows), 2), -1.0)
         dist.all_to_all_single(out, data, output_split_sizes=rows, input_split_sizes=[rows[rank]] * world)
-        expected = torch.cat([_data("mixed-a2a", r, torch.float32, rows[r] * world * 2).reshape(-1, 2)
+        expected = torch.cat([make_data("mixed-a2a", r, torch.float32, rows[r] * world * 2).reshape(-1, 2)
                               [rank * rows[r]:(rank + 1) * rows[r]] for r in range(world)])
-        _equal(out, expected, "all_to_all_single, small and large senders")
+        assert_equal(out, expected, "all_to_all_single, small and large senders")
 
     cases.run("all_to_all_single/small_and_large_senders", all_to_all_small_and_large_senders)
 
     def gather_strided_outputs():
         grid = torch.zeros(101, world)
-        dist.gather(_data("gstrided", rank, torch.float32, 101), [grid[:, r] for r in range(world)] if rank == 0
+        dist.gather(make_data("gstrided", rank, torch.float32, 101), [grid[:, r] for r in range(world)] if rank == 0
                     else None, dst=0)
         for r in range(world if rank == 0 else 0):
-            _equal(grid[:, r], _data("gstrided", r, torch.float32, 101), f"strided output {r}")
+            assert_equal(grid[:, r], make_data("gstrided", r, torch.float32, 101), f"strided output {r}")
 
     cases.run("gather/strided_outputs", gather_strided_outputs)
 
     def all_gather_list():
         outs = [torch.zeros(9, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(outs, _data("agl", rank, torch.int64, 9))
+        dist.all_gather(outs, make_data("agl", rank, torch.int64, 9))
         for r in range(world):
-            _equal(outs[r], _data("agl", r, torch.int64, 9), f"all_gather slot {r}")
+            assert_equal(outs[r], make_data("agl", r, torch.int64, 9), f"all_gather slot {r}")
 
     cases.run("all_gather", all_gather_list)
 
@@ -238,8 +235,8 @@ def matrix(cases, big: str = "5003"):
         w.wait()
         expected = reference_reduce([make_input("mixed", r, torch.float32, 5000) for r in range(world)], "sum",
                                     torch.float32)
-        _equal(t, expected, "all_reduce")
-        _equal(g, expected.repeat(world), "all_gather_into_tensor after it")
+        assert_equal(t, expected, "all_reduce")
+        assert_equal(g, expected.repeat(world), "all_gather_into_tensor after it")
 
     cases.run("mixed_order", mixed_order)
     return _layout(pg)
@@ -279,7 +276,7 @@ def subgroups(cases, big: str = "5003"):
                         dist.all_reduce(tensor, op=op, group=group)
                         expected = reference_reduce([make_input(case, r, dtype, count, op_name) for r in members],
                                                     op_name, dtype)
-                        _equal(tensor, expected, "all_reduce")
+                        assert_equal(tensor, expected, "all_reduce")
 
                     cases.run(case, all_reduce)
 
@@ -287,8 +284,9 @@ def subgroups(cases, big: str = "5003"):
 
                 def all_gather():
                     out = torch.zeros(len(members) * count, dtype=dtype)
-                    dist.all_gather_into_tensor(out, _data(case, rank, dtype, count), group=group)
-                    _equal(out, torch.cat([_data(case, r, dtype, count) for r in members]), "all_gather_into_tensor")
+                    dist.all_gather_into_tensor(out, make_data(case, rank, dtype, count), group=group)
+                    assert_equal(out, torch.cat([make_data(case, r, dtype, count) for r in members]),
+                                 "all_gather_into_tensor")
 
                 cases.run(case, all_gather)
 
@@ -296,10 +294,10 @@ def subgroups(cases, big: str = "5003"):
                     case = f"group {name}/broadcast/{str(dtype)[6:]}/n={count}/root={root}"
 
                     def broadcast():
-                        expected = _data(case, root, dtype, count)
+                        expected = make_data(case, root, dtype, count)
                         t = expected.clone() if rank == root else torch.zeros(count, dtype=dtype)
                         dist.broadcast(t, src=root, group=group)
-                        _equal(t, expected, "broadcast")
+                        assert_equal(t, expected, "broadcast")
 
                     cases.run(case, broadcast)
     return {"layouts": layouts}
@@ -329,47 +327,47 @@ def link_bytes(cases, size: str = "4194304", calls: str = "4"):
 
     def run(op):
         if op == "all_reduce":
-            t = _data("lb", rank, torch.float32, S // 4)
+            t = make_data("lb", rank, torch.float32, S // 4)
             dist.all_reduce(t)
-            return t, reference_reduce([_data("lb", r, torch.float32, S // 4) for r in range(world)], "sum",
+            return t, reference_reduce([make_data("lb", r, torch.float32, S // 4) for r in range(world)], "sum",
                                        torch.float32)
         if op == "broadcast":
-            t = _data("lb", 0, torch.float32, S // 4) if rank == 0 else torch.zeros(S // 4)
+            t = make_data("lb", 0, torch.float32, S // 4) if rank == 0 else torch.zeros(S // 4)
             dist.broadcast(t, 0)
-            return t, _data("lb", 0, torch.float32, S // 4)
+            return t, make_data("lb", 0, torch.float32, S // 4)
         if op == "reduce":
-            t = _data("lb", rank, torch.float32, S // 4)
+            t = make_data("lb", rank, torch.float32, S // 4)
             dist.reduce(t, 0)
-            expected = reference_reduce([_data("lb", r, torch.float32, S // 4) for r in range(world)], "sum",
+            expected = reference_reduce([make_data("lb", r, torch.float32, S // 4) for r in range(world)], "sum",
                                         torch.float32)
-            return (t, expected) if rank == 0 else (t, _data("lb", rank, torch.float32, S // 4))
+            return (t, expected) if rank == 0 else (t, make_data("lb", rank, torch.float32, S // 4))
         if op == "all_gather_into_tensor":
             out = torch.zeros(world * per_rank)
-            dist.all_gather_into_tensor(out, _data("lb", rank, torch.float32, per_rank))
-            return out, torch.cat([_data("lb", r, torch.float32, per_rank) for r in range(world)])
+            dist.all_gather_into_tensor(out, make_data("lb", rank, torch.float32, per_rank))
+            return out, torch.cat([make_data("lb", r, torch.float32, per_rank) for r in range(world)])
         if op == "reduce_scatter_tensor":
             out = torch.zeros(per_rank)
-            dist.reduce_scatter_tensor(out, _data("lb", rank, torch.float32, world * per_rank))
-            whole = reference_reduce([_data("lb", r, torch.float32, world * per_rank) for r in range(world)], "sum",
+            dist.reduce_scatter_tensor(out, make_data("lb", rank, torch.float32, world * per_rank))
+            whole = reference_reduce([make_data("lb", r, torch.float32, world * per_rank) for r in range(world)], "sum",
                                      torch.float32)
             return out, whole[rank * per_rank:(rank + 1) * per_rank]
         if op == "gather":
             outs = [torch.zeros(per_rank) for _ in range(world)] if rank == 0 else None
-            dist.gather(_data("lb", rank, torch.float32, per_rank), outs, dst=0)
+            dist.gather(make_data("lb", rank, torch.float32, per_rank), outs, dst=0)
             if rank != 0:
                 return torch.zeros(0), torch.zeros(0)
-            return torch.cat(outs), torch.cat([_data("lb", r, torch.float32, per_rank) for r in range(world)])
+            return torch.cat(outs), torch.cat([make_data("lb", r, torch.float32, per_rank) for r in range(world)])
         if op == "scatter":
             out = torch.zeros(per_rank)
-            ins = [_data("lb", r, torch.float32, per_rank) for r in range(world)] if rank == 0 else None
+            ins = [make_data("lb", r, torch.float32, per_rank) for r in range(world)] if rank == 0 else None
             dist.scatter(out, ins, src=0)
-            return out, _data("lb", rank, torch.float32, per_rank)
+            return out, make_data("lb", rank, torch.float32, per_rank)
         if op.startswith("all_to_all_single"):
             n = S // 4 // (16 if op.endswith("S/16") else 1)
             out = torch.zeros(n)
-            dist.all_to_all_single(out, _data("lb", rank, torch.float32, n))
+            dist.all_to_all_single(out, make_data("lb", rank, torch.float32, n))
             part = n // world
-            return out, torch.cat([_data("lb", r, torch.float32, n)[rank * part:(rank + 1) * part]
+            return out, torch.cat([make_data("lb", r, torch.float32, n)[rank * part:(rank + 1) * part]
                                    for r in range(world)])
         dist.barrier()
         return torch.zeros(0), torch.zeros(0)
@@ -377,7 +375,7 @@ def link_bytes(cases, size: str = "4194304", calls: str = "4"):
     for op in LINK_BYTES_PER_CALL:
         def measure(op=op):
             result, expected = run(op)  # once outside the count: nothing left from what came before
-            _equal(result, expected, op)
+            assert_equal(result, expected, op)
             dist.barrier()
             before = int(open(counter).read())
             for _ in range(calls):
@@ -400,15 +398,15 @@ def alltoall_sizes(cases):
         def run():
             send = [count(rank, d) for d in range(world)]
             recv = [count(s, rank) for s in range(world)]
-            data = _data(case, rank, torch.float32, sum(send))
+            data = make_data(case, rank, torch.float32, sum(send))
             out = torch.full((sum(recv),), -1.0)
             dist.all_to_all_single(out, data, output_split_sizes=recv, input_split_sizes=send)
             pieces = []
             for s in range(world):
-                theirs = _data(case, s, torch.float32, sum(count(s, d) for d in range(world)))
+                theirs = make_data(case, s, torch.float32, sum(count(s, d) for d in range(world)))
                 start = sum(count(s, d) for d in range(rank))
                 pieces.append(theirs[start:start + count(s, rank)])
-            _equal(out, torch.cat(pieces), "all_to_all_single")
+            assert_equal(out, torch.cat(pieces), "all_to_all_single")
         cases.run(case, run)
 
     for step, rows in enumerate((1, 500, 500, 7000, 3, 5000, 5000, 20000)):
@@ -425,7 +423,7 @@ def alltoall_sizes(cases):
                 recv[sender] += extra
             out = torch.zeros(sum(recv), 2)
             try:
-                dist.all_to_all_single(out, _data(case, rank, torch.float32, 2 * rows * world).reshape(-1, 2),
+                dist.all_to_all_single(out, make_data(case, rank, torch.float32, 2 * rows * world).reshape(-1, 2),
                                        output_split_sizes=recv, input_split_sizes=send)
             except ValueError as error:
                 expected = (f"rank {sender} sends {8 * rows} bytes to rank {receiver}, which expects "
@@ -437,12 +435,12 @@ def alltoall_sizes(cases):
 
     def agreeing(case: str, rows: int):
         def run():
-            data = _data(case, rank, torch.float32, 2 * rows * world).reshape(-1, 2)
+            data = make_data(case, rank, torch.float32, 2 * rows * world).reshape(-1, 2)
             out = torch.full((rows * world, 2), -1.0)
             dist.all_to_all_single(out, data)
-            expected = torch.cat([_data(case, s, torch.float32, 2 * rows * world).reshape(-1, 2)
+            expected = torch.cat([make_data(case, s, torch.float32, 2 * rows * world).reshape(-1, 2)
                                   [rank * rows:(rank + 1) * rows] for s in range(world)])
-            _equal(out.reshape(-1), expected.reshape(-1), "all_to_all_single")
+            assert_equal(out.reshape(-1), expected.reshape(-1), "all_to_all_single")
         cases.run(case, run)
 
     disagreeing("all_to_all_single/after_large/more_than_sent", world - 1, 0, 3000, 1)

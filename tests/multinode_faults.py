@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from tests.multinode import _backend, _layout
-from tests.scenarios import _equal
+from tests.references import assert_equal
 
 GROUP_TIMEOUT_S = 30.0
 # ``during``: the victim's timer fires this long into the loop, which runs up to LOOP_S.
@@ -55,7 +55,7 @@ def peer_dies(cases, victim: str, op: str, when: str = "before"):
     group = dist.new_group(backend="shm", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     t = torch.ones(COUNT)
     dist.all_reduce(t, group=group)
-    _equal(t, torch.full((COUNT,), float(world)), "all_reduce before the failure")
+    assert_equal(t, torch.full((COUNT,), float(world)), "all_reduce before the failure")
     layout = _layout(_backend(group))  # after a collective, which started the lanes' threads where it split
     call = _op(op, group, rank, world)
     dist.barrier(group=group)

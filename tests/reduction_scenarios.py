@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from tests.scenarios import _equal, make_input, reference_reduce
+from tests.references import assert_equal, assert_refused, make_input, reference_reduce
 
 R = dist.ReduceOp
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -72,7 +72,7 @@ def data(case: str, rank: int, dtype, count: int, op_name: str) -> torch.Tensor:
 
 
 def expected(inputs: list[torch.Tensor], op_name: str, dtype) -> torch.Tensor:
-    """The reduction of ``inputs`` in rank order (tests.scenarios.reference_reduce), complex ones as real views,
+    """The reduction of ``inputs`` in rank order (tests.references.reference_reduce), complex ones as real views,
     PREMUL_SUM as the sum of each input times its factor."""
     if dtype.is_complex:
         reals = [torch.view_as_real(x) for x in inputs]
@@ -111,12 +111,12 @@ def planned(world: int, small: int, segment: int, dtypes: str = "") -> list:
         for op_name, op in accepted_ops(dtype).items():
             for count in counts(world, itemsize, small, segment, per_rank=False):
                 plan.append((f"all_reduce/{name}/{op_name}/n={count}", _all_reduce, (dtype, op_name, op, count)))
-                plan += [(f"reduce/{name}/{op_name}/n={count}/root={root}", _reduce, (dtype, op_name, op, count, root))
-                         for root in range(world)]
+                plan += [(f"reduce/{name}/{op_name}/n={count}/root={root}", check_reduce,
+                          (dtype, op_name, op, count, root)) for root in range(world)]
             for count in counts(world, itemsize, small, segment, per_rank=True):
-                plan.append((f"reduce_scatter_tensor/{name}/{op_name}/n={count}", _reduce_scatter,
+                plan.append((f"reduce_scatter_tensor/{name}/{op_name}/n={count}", check_reduce_scatter,
                              (dtype, op_name, op, count, False)))
-                plan.append((f"reduce_scatter/{name}/{op_name}/n={count}", _reduce_scatter,
+                plan.append((f"reduce_scatter/{name}/{op_name}/n={count}", check_reduce_scatter,
                              (dtype, op_name, op, count, True)))
         plan += [(f"refused/{name}/{op_name}", _refused, (dtype, op_name, op))
                  for op_name, op in refused_ops(dtype).items()]
@@ -129,20 +129,23 @@ def _all_reduce(case, rank, world, dtype, op_name, op, count):
     inputs = [data(case, r, dtype, count, op_name) for r in range(world)]
     tensor = inputs[rank].clone()
     dist.all_reduce(tensor, op=op)
-    _equal(tensor, expected(inputs, op_name, dtype), "all_reduce")
+    assert_equal(tensor, expected(inputs, op_name, dtype), "all_reduce")
 
 
-def _reduce(case, rank, world, dtype, op_name, op, count, root):
+def check_reduce(case, rank, world, dtype, op_name, op, count, root):
+    """reduce to ``root``: the reduction there, every other rank's tensor as it was."""
     inputs = [data(case, r, dtype, count, op_name) for r in range(world)]
     tensor = inputs[rank].clone()
     dist.reduce(tensor, dst=root, op=op)
     if rank == root:
-        _equal(tensor, expected(inputs, op_name, dtype), "reduce at the root")
+        assert_equal(tensor, expected(inputs, op_name, dtype), "reduce at the root")
     else:
-        _equal(tensor, inputs[rank], "reduce leaves the other ranks' tensors alone")
+        assert_equal(tensor, inputs[rank], "reduce leaves the other ranks' tensors alone")
 
 
-def _reduce_scatter(case, rank, world, dtype, op_name, op, count, as_list):
+def check_reduce_scatter(case, rank, world, dtype, op_name, op, count, as_list):
+    """reduce_scatter (``as_list``: of a list of tensors) or reduce_scatter_tensor: this rank's block of the
+    reduction, and its input as it was."""
     inputs = [data(case, r, dtype, count * world, op_name) for r in range(world)]
     out = torch.zeros(count, dtype=dtype)
     mine = inputs[rank].clone()
@@ -150,8 +153,8 @@ def _reduce_scatter(case, rank, world, dtype, op_name, op, count, as_list):
         dist.reduce_scatter(out, list(mine.split(count)) if count else [mine] * world, op=op)
     else:
         dist.reduce_scatter_tensor(out, mine, op=op)
-    _equal(out, expected(inputs, op_name, dtype)[rank * count:(rank + 1) * count], "reduce_scatter")
-    _equal(mine, inputs[rank], "reduce_scatter leaves its input alone")
+    assert_equal(out, expected(inputs, op_name, dtype)[rank * count:(rank + 1) * count], "reduce_scatter")
+    assert_equal(mine, inputs[rank], "reduce_scatter leaves its input alone")
 
 
 def _refused(case, rank, world, dtype, op_name, op):
@@ -163,14 +166,9 @@ def _refused(case, rank, world, dtype, op_name, op):
         "reduce_scatter": lambda t: dist.reduce_scatter_tensor(t, t.repeat(world), op=op),
     }
     for what, call in calls.items():
-        try:
-            call(torch.ones(3, dtype=dtype))
-        except (ValueError, TypeError) as error:
-            text = str(error)
-            wanted = ("PREMUL_SUM" if op_name.startswith("premul") else op_name.upper(), str(dtype), what)
-            assert all(word in text for word in wanted), f"{what}: the error does not name {wanted}: {text}"
-        else:
-            raise AssertionError(f"{what} of {dtype} with {op_name} was not refused")
+        wanted = ("PREMUL_SUM" if op_name.startswith("premul") else op_name.upper(), str(dtype), what)
+        assert_refused(lambda: call(torch.ones(3, dtype=dtype)), (ValueError, TypeError), wanted,
+                       f"{what} of {dtype} with {op_name}")
     _all_reduce(f"{case}/after", rank, world, torch.float32, "sum", R.SUM, 5)
 
 
@@ -180,12 +178,12 @@ def _shapes(case, rank, world, dtype, small):
         inputs = [data(f"{case}/{count}", r, dtype, count, "sum").reshape(2, 3, -1) for r in range(world)]
         tensor = inputs[rank].clone()
         dist.all_reduce(tensor)
-        _equal(tensor, expected(inputs, "sum", dtype), f"all_reduce of shape {tuple(tensor.shape)}")
+        assert_equal(tensor, expected(inputs, "sum", dtype), f"all_reduce of shape {tuple(tensor.shape)}")
         tensor = inputs[rank].clone()
         dist.reduce(tensor, dst=0)
-        _equal(tensor, expected(inputs, "sum", dtype) if rank == 0 else inputs[rank], "reduce of 3 dimensions")
+        assert_equal(tensor, expected(inputs, "sum", dtype) if rank == 0 else inputs[rank], "reduce of 3 dimensions")
         grid = torch.zeros(count, 2, dtype=dtype)
         grid[:, 0] = inputs[rank].reshape(-1)
         dist.all_reduce(grid[:, 0])
-        _equal(grid[:, 0], expected(inputs, "sum", dtype).reshape(-1), "strided all_reduce")
-        _equal(grid[:, 1], torch.zeros(count, dtype=dtype), "strided all_reduce's neighbours")
+        assert_equal(grid[:, 0], expected(inputs, "sum", dtype).reshape(-1), "strided all_reduce")
+        assert_equal(grid[:, 1], torch.zeros(count, dtype=dtype), "strided all_reduce's neighbours")

@@ -17,7 +17,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from tests.scenarios import _equal, make_input, reference_reduce
+from tests.references import assert_equal, make_input, reference_reduce
 
 KINDS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
          "reduce", "gather", "scatter", "barrier", "send_recv"]
@@ -82,43 +82,43 @@ def _one(kind, dtype, count, op_name, group, members, root, rank, me, n, tag):
         inputs = [make_input(tag, r, dtype, count) for r in members]
         t = inputs[me].clone()
         dist.all_reduce(t, op=op, group=group)
-        _equal(t, reference_reduce(inputs, op_name, dtype), kind)
+        assert_equal(t, reference_reduce(inputs, op_name, dtype), kind)
     elif kind == "reduce":
         inputs = [make_input(tag, r, dtype, count) for r in members]
         t = inputs[me].clone()
         dist.reduce(t, dst=root, op=op, group=group)
         if rank == root:
-            _equal(t, reference_reduce(inputs, op_name, dtype), kind)
+            assert_equal(t, reference_reduce(inputs, op_name, dtype), kind)
     elif kind == "broadcast":
         expected = make_input(tag, root, dtype, count)
         t = expected.clone() if rank == root else torch.zeros(count, dtype=dtype)
         dist.broadcast(t, src=root, group=group)
-        _equal(t, expected, kind)
+        assert_equal(t, expected, kind)
     elif kind == "all_gather_into_tensor":
         out = torch.zeros(n * count, dtype=dtype)
         dist.all_gather_into_tensor(out, make_input(tag, rank, dtype, count), group=group)
-        _equal(out, torch.cat([make_input(tag, r, dtype, count) for r in members]), kind)
+        assert_equal(out, torch.cat([make_input(tag, r, dtype, count) for r in members]), kind)
     elif kind == "reduce_scatter_tensor":
         inputs = [make_input(tag, r, dtype, count * n) for r in members]
         out = torch.zeros(count, dtype=dtype)
         dist.reduce_scatter_tensor(out, inputs[me].clone(), op=op, group=group)
-        _equal(out, reference_reduce(inputs, op_name, dtype)[me * count:(me + 1) * count], kind)
+        assert_equal(out, reference_reduce(inputs, op_name, dtype)[me * count:(me + 1) * count], kind)
     elif kind == "all_to_all_single":
         inputs = [make_input(tag, r, dtype, count * n) for r in members]
         out = torch.zeros(count * n, dtype=dtype)
         dist.all_to_all_single(out, inputs[me], group=group)
-        _equal(out, torch.cat([inputs[j][me * count:(me + 1) * count] for j in range(n)]), kind)
+        assert_equal(out, torch.cat([inputs[j][me * count:(me + 1) * count] for j in range(n)]), kind)
     elif kind == "gather":
         outs = [torch.zeros(count, dtype=dtype) for _ in members] if rank == root else None
         dist.gather(make_input(tag, rank, dtype, count), outs, dst=root, group=group)
         if rank == root:
             for j, r in enumerate(members):
-                _equal(outs[j], make_input(tag, r, dtype, count), kind)
+                assert_equal(outs[j], make_input(tag, r, dtype, count), kind)
     elif kind == "scatter":
         out = torch.zeros(count, dtype=dtype)
         ins = [make_input(tag, r, dtype, count) for r in members] if rank == root else None
         dist.scatter(out, ins, src=root, group=group)
-        _equal(out, make_input(tag, rank, dtype, count), kind)
+        assert_equal(out, make_input(tag, rank, dtype, count), kind)
     elif kind == "barrier":
         dist.barrier(group=group)
     elif kind == "send_recv" and n > 1:
@@ -128,7 +128,7 @@ def _one(kind, dtype, count, op_name, group, members, root, rank, me, n, tag):
                                         dist.P2POp(dist.irecv, got, prv, group)])
         for w in works:
             w.wait()
-        _equal(got, make_input(tag, prv, dtype, count), kind)
+        assert_equal(got, make_input(tag, prv, dtype, count), kind)
 
 
 def two_threads(cases):
@@ -144,7 +144,7 @@ def two_threads(cases):
                 inputs = [make_input(f"{tag}/{i}", r, torch.float32, count) for r in range(world)]
                 t = inputs[rank].clone()
                 dist.all_reduce(t, group=group)
-                _equal(t, reference_reduce(inputs, "sum", torch.float32), f"{tag} #{i}")
+                assert_equal(t, reference_reduce(inputs, "sum", torch.float32), f"{tag} #{i}")
         except Exception as error:
             errors.append(f"{tag}: {error}")
 

@@ -1,7 +1,8 @@
 """all_reduce, broadcast, all_gather and barrier on shm at world sizes 1-4."""
 import pytest
 
-from tests import movement_scenarios, reduction_scenarios, scenarios
+from tests import (all_reduce_scenarios, api_scenarios, fast_path_scenarios, lifecycle_scenarios, movement_scenarios,
+                   overlap_scenarios, p2p_scenarios, reduction_scenarios, rooted_scenarios)
 from tests.harness import assert_job_passes, shm_entries, spawn
 
 # A 4 KiB chunk reaches the multi-chunk paths of every collective with small inputs.
@@ -11,6 +12,10 @@ SMALL_CHUNKS = {"SHMCOLL_CHUNK_BYTES": "4096", "SHMCOLL_SMALL_BYTES": "1024"}
 THREE = pytest.param(3, marks=pytest.mark.compat)
 
 
+# scenario -> the module that holds it, and its count of cases (``<scenario>_cases``)
+OTHER_COLLECTIVES = {"data_movement": movement_scenarios, "rooted_and_scattered": rooted_scenarios}
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 @pytest.mark.parametrize("config", ["default", "small_chunks"])
 def test_all_reduce_matrix(world_size, config):
@@ -18,8 +23,8 @@ def test_all_reduce_matrix(world_size, config):
     env = SMALL_CHUNKS if config == "small_chunks" else {}
     # 300001 elements exceed the default 512 KiB chunk for every dtype wider than one byte.
     big = "5003" if config == "small_chunks" else "300001"
-    result = spawn("tests.scenarios:allreduce_matrix", world_size, env=env, args=[big])
-    assert_job_passes(result, min_cases=scenarios.allreduce_matrix_planned(world_size, big))
+    result = spawn("tests.all_reduce_scenarios:allreduce_matrix", world_size, env=env, args=[big])
+    assert_job_passes(result, min_cases=all_reduce_scenarios.allreduce_matrix_cases(world_size, big))
     assert shm_entries() - before == set()
 
 
@@ -27,8 +32,9 @@ def test_all_reduce_matrix(world_size, config):
 @pytest.mark.parametrize("scenario", ["data_movement", "rooted_and_scattered"])
 def test_other_collectives(scenario, world_size):
     before = shm_entries()
-    result = spawn(f"tests.scenarios:{scenario}", world_size, env=SMALL_CHUNKS)
-    assert_job_passes(result, min_cases=getattr(scenarios, f"{scenario}_planned")(world_size))
+    module = OTHER_COLLECTIVES[scenario]
+    result = spawn(f"{module.__name__}:{scenario}", world_size, env=SMALL_CHUNKS)
+    assert_job_passes(result, min_cases=getattr(module, f"{scenario}_cases")(world_size))
     assert shm_entries() - before == set()
 
 
@@ -44,14 +50,13 @@ def test_every_reduction(world_size):
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_every_dtype_moved(world_size):
     result = spawn("tests.movement_scenarios:every_dtype_moved", world_size, env=SMALL_CHUNKS)
-    per_dtype = 3 * (world_size + 2 * len({0, world_size - 1}) + 2)
-    assert_job_passes(result, min_cases=per_dtype * len(movement_scenarios.DTYPES))
+    assert_job_passes(result, min_cases=movement_scenarios.every_dtype_moved_cases(world_size))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, THREE, 4])
 def test_api_surface(world_size):
     result = spawn("tests.api_scenarios:api_surface", world_size, env=SMALL_CHUNKS)
-    assert_job_passes(result, min_cases=8)
+    assert_job_passes(result, min_cases=len(api_scenarios.API_CASES))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, THREE, 4])
@@ -59,31 +64,31 @@ def test_api_surface(world_size):
 def test_point_to_point(world_size, config):
     env = {**SMALL_CHUNKS, "SHMCOLL_P2P_BYTES": "4096"} if config == "small_chunks" else {}
     result = spawn("tests.p2p_scenarios:point_to_point", world_size, env=env)
-    assert_job_passes(result, min_cases=1 if world_size == 1 else 25)
+    assert_job_passes(result, min_cases=p2p_scenarios.point_to_point_cases(world_size))
 
 
 @pytest.mark.parametrize("world_size", [1, THREE])
 def test_lifecycle(world_size):
     before = shm_entries()
-    result = spawn("tests.group_scenarios:lifecycle", world_size)
-    assert_job_passes(result, min_cases=5)
+    result = spawn("tests.lifecycle_scenarios:lifecycle", world_size)
+    assert_job_passes(result, min_cases=len(lifecycle_scenarios.LIFECYCLE_CASES))
     assert shm_entries() - before == set()
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_in_place_overlap(world_size):
-    result = spawn("tests.scenarios:in_place_overlap", world_size, env=SMALL_CHUNKS)
-    assert_job_passes(result, min_cases=6)
+    result = spawn("tests.overlap_scenarios:in_place_overlap", world_size, env=SMALL_CHUNKS)
+    assert_job_passes(result, min_cases=overlap_scenarios.in_place_overlap_cases())
 
 
 @pytest.mark.parametrize("world_size", [1, THREE])
 def test_fast_paths(world_size):
     result = spawn("tests.fast_path_scenarios:fast_paths", world_size, env=SMALL_CHUNKS)
-    assert_job_passes(result, min_cases=30)
+    assert_job_passes(result, min_cases=fast_path_scenarios.fast_paths_cases())
 
 
 @pytest.mark.compat
 def test_fast_paths_options_by_getters():
     """Where the options' fields are not found in torch's structs, the compiled path reads their getters."""
     result = spawn("tests.fast_path_scenarios:fast_paths", 3, env={**SMALL_CHUNKS, "TEST_OPTIONS_BY_GETTERS": "1"})
-    assert_job_passes(result, min_cases=30)
+    assert_job_passes(result, min_cases=fast_path_scenarios.fast_paths_cases())

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from shmcoll import kernel_abi, kernel_library, kernels
+from tests import kernel_library_scenarios
 from tests.harness import assert_job_passes, spawn
 
 ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
@@ -74,8 +75,8 @@ def test_a_changed_kernel_source_changes_the_library(source, tmp_path, monkeypat
 
 def test_a_warm_job_never_imports_numba():
     kernel_library.warm()  # the library exists before the job starts, as after `python -m shmcoll warm`
-    result = spawn("tests.scenarios:no_numba_after_init", 2)
-    assert_job_passes(result, min_cases=8)
+    result = spawn("tests.kernel_library_scenarios:no_numba_after_init", 2)
+    assert_job_passes(result, min_cases=kernel_library_scenarios.no_numba_after_init_cases())
 
 
 def test_without_a_compiler_the_jit_kernels_are_used(tmp_path):

@@ -10,7 +10,7 @@ random data).
 """
 import pytest
 
-from tests import lane_scenarios, scenarios
+from tests import all_reduce_scenarios, lane_scenarios, movement_scenarios, overlap_scenarios, rooted_scenarios
 from tests.harness import assert_job_passes, shm_entries, spawn
 
 LANES = {"SHMCOLL_CHUNK_BYTES": "8192", "SHMCOLL_SMALL_BYTES": "1024", "SHMCOLL_THREAD_BYTES": "4096"}
@@ -23,24 +23,31 @@ ONE_SHOT_LANES = {"SHMCOLL_CHUNK_BYTES": "65536", "SHMCOLL_SMALL_BYTES": "16384"
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_all_reduce_matrix(world_size, threads):
     before = shm_entries()
-    result = spawn("tests.scenarios:allreduce_matrix", world_size, env={**LANES, "SHMCOLL_THREADS": str(threads)},
-                   args=["20011"])
-    assert_job_passes(result, min_cases=scenarios.allreduce_matrix_planned(world_size, "20011"))
+    result = spawn("tests.all_reduce_scenarios:allreduce_matrix", world_size,
+                   env={**LANES, "SHMCOLL_THREADS": str(threads)}, args=["20011"])
+    assert_job_passes(result, min_cases=all_reduce_scenarios.allreduce_matrix_cases(world_size, "20011"))
     assert shm_entries() - before == set()
 
 
 @pytest.mark.parametrize("threads", [3, 4])
 def test_all_reduce_matrix_one_shot_over_lanes(threads):
-    result = spawn("tests.scenarios:allreduce_matrix", 3,
+    result = spawn("tests.all_reduce_scenarios:allreduce_matrix", 3,
                    env={**ONE_SHOT_LANES, "SHMCOLL_THREADS": str(threads)}, args=["3001"])
-    assert_job_passes(result, min_cases=scenarios.allreduce_matrix_planned(3, "3001"))
+    assert_job_passes(result, min_cases=all_reduce_scenarios.allreduce_matrix_cases(3, "3001"))
+
+
+OTHER_COLLECTIVES = {"data_movement": movement_scenarios, "rooted_and_scattered": rooted_scenarios,
+                     "in_place_overlap": overlap_scenarios}
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
 @pytest.mark.parametrize("scenario", ["data_movement", "rooted_and_scattered", "in_place_overlap"])
 def test_other_collectives(scenario, threads):
-    result = spawn(f"tests.scenarios:{scenario}", 3, env={**LANES, "SHMCOLL_THREADS": str(threads)})
-    assert_job_passes(result, min_cases=getattr(scenarios, f"{scenario}_planned")(3))
+    module = OTHER_COLLECTIVES[scenario]
+    result = spawn(f"{module.__name__}:{scenario}", 3, env={**LANES, "SHMCOLL_THREADS": str(threads)})
+    assert_job_passes(result, min_cases={"data_movement": movement_scenarios.data_movement_cases(3),
+                                         "rooted_and_scattered": rooted_scenarios.rooted_and_scattered_cases(3),
+                                         "in_place_overlap": overlap_scenarios.in_place_overlap_cases()}[scenario])
 
 
 # Single copy forced on (every size): its reads and reductions split over the lanes from 8 KiB per rank; the
@@ -53,21 +60,21 @@ def test_single_copy_over_lanes(world_size, threads):
     before = shm_entries()
     result = spawn("tests.lane_scenarios:single_copy_over_lanes", world_size,
                    env={**SINGLE_COPY_LANES, "SHMCOLL_THREADS": str(threads)}, timeout=300)
-    assert_job_passes(result, min_cases=lane_scenarios.single_copy_over_lanes_planned(world_size))
+    assert_job_passes(result, min_cases=lane_scenarios.single_copy_over_lanes_cases(world_size))
     assert shm_entries() - before == set()
 
 
 def test_ranks_asking_for_different_thread_counts_agree():
     """Lanes must pair: a rank with 1 thread and ranks with 4 run with the least (1), correctly."""
-    result = spawn("tests.scenarios:data_movement", 3, env=LANES,
+    result = spawn("tests.movement_scenarios:data_movement", 3, env=LANES,
                    rank_env=lambda rank: {"SHMCOLL_THREADS": "1" if rank == 1 else "4"})
-    assert_job_passes(result, min_cases=scenarios.data_movement_planned(3))
+    assert_job_passes(result, min_cases=movement_scenarios.data_movement_cases(3))
 
 
 def test_idle_lane_threads_sleep():
     """After a collective split over lanes the lane threads use no CPU, and destroy_process_group ends them."""
     result = spawn("tests.lane_scenarios:lane_threads_sleep", 2, env={"SHMCOLL_THREADS": "4"})
-    assert_job_passes(result, min_cases=4)
+    assert_job_passes(result, min_cases=lane_scenarios.lane_threads_sleep_cases())
 
 
 # Across nodes: segments of 64 KiB give the node stages of the rails' pipelines 32 KiB per rank, and the leaders'

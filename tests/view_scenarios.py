@@ -14,7 +14,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from tests.scenarios import _equal, make_input, reference_reduce
+from tests.references import assert_equal, make_input, reference_reduce
 
 # Every dtype whose neg-bit views torch can resolve (bool's cannot: "neg_cpu" is not implemented for it), and
 # the complex ones, which also have conj-bit views.
@@ -131,7 +131,7 @@ def every_view(cases, big: str):
         if async_op and work is not None:
             work.wait()
         for got, want in check:
-            _equal(got.resolve_conj().resolve_neg(), want, case)
+            assert_equal(got.resolve_conj().resolve_neg(), want, case)
 
     def run_or_refused(kind: str, dtype, count: int, name: str, async_op: bool):
         """``run``, where torch's own wrapper may refuse the call before any backend sees it: many of them

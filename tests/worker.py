@@ -33,6 +33,11 @@ class Cases:
         except Exception as error:  # report and go on: one job, many cases
             self.results[name] = f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}"
 
+    def run_each(self, checks: dict, *args) -> None:
+        """Run every check of {case name: check} in order, each with ``args``."""
+        for name, check in checks.items():
+            self.run(name, check, *args)
+
     def check(self, name: str, condition: bool, message: str = "") -> None:
         self.results[name] = None if condition else (message or "check failed")
 

@@ -19,6 +19,18 @@ def _path(tag):
     return os.path.join(SHM, f"shmcoll-test-{os.getpid()}-{tag}")
 
 
+@contextlib.contextmanager
+def _fresh_segment(tag, size=4096):
+    """A segment made for this test at ``_path(tag)``, yielded with its path; unlinked and closed after."""
+    path = _path(tag)
+    seg = _segment.create(path, size)
+    try:
+        yield seg, path
+    finally:
+        _segment.unlink_path(path)
+        seg.close()
+
+
 def test_create_is_exclusive_private_and_reserved():
     path = _path("create")
     seg = _segment.create(path, 1 << 20)
@@ -62,14 +74,9 @@ def test_full_filesystem_is_a_clear_error_and_leaves_nothing():
 
 
 def test_attach_checks_size():
-    path = _path("small")
-    seg = _segment.create(path, 4096)
-    try:
+    with _fresh_segment("small") as (_, path):
         with pytest.raises(OSError, match="holds 4096 bytes"):
             _segment.attach(path, 8192)
-    finally:
-        _segment.unlink_path(path)
-        seg.close()
 
 
 def test_close_waits_for_exported_buffers():
@@ -103,9 +110,7 @@ def _poster(path, delay, step):
 @pytest.mark.parametrize("spin_ns,yield_ns", [(10**9, 0), (0, 10**9), (0, 0)])
 def test_wait_wakes_on_post_from_another_process(spin_ns, yield_ns):
     """Spin, yield and futex-sleep phases each see a post from another process promptly."""
-    path = _path("wait")
-    seg = _segment.create(path, 4096)
-    try:
+    with _fresh_segment("wait") as (seg, path):
         proc = mp.get_context("fork").Process(target=_poster, args=(path, 0.2, 5))
         proc.start()
         start = time.monotonic()
@@ -115,15 +120,10 @@ def test_wait_wakes_on_post_from_another_process(spin_ns, yield_ns):
         assert behind == -1
         assert 0.15 < elapsed < 2.0, elapsed
         assert _sync.load_step(seg.address, 1) == 5 and _sync.load_desc(seg.address, 1, 5) == 1234
-    finally:
-        _segment.unlink_path(path)
-        seg.close()
 
 
 def test_wait_slice_expires_and_names_the_rank():
-    path = _path("slice")
-    seg = _segment.create(path, 4096)
-    try:
+    with _fresh_segment("slice") as (seg, _):
         _sync.post(seg.address, 1, 3, 0)
         start = time.monotonic()
         assert _sync.wait_ranks(seg.address, 0, 3, 0, 3, 0, 0, 50_000_000) == 2  # rank 2 is behind
@@ -136,25 +136,19 @@ def test_wait_slice_expires_and_names_the_rank():
         _sync.post(seg.address, 1, 4, 77)
         assert _sync.load_desc(seg.address, 1, 3) == 0 and _sync.load_desc(seg.address, 1, 4) == 77
         assert _sync.first_mismatch(seg.address, 0, 3, 3, 0) == -1
-    finally:
-        _segment.unlink_path(path)
-        seg.close()
 
 
 @contextlib.contextmanager
 def _pinned_lines(tag):
     """A fresh segment of control lines, as uint32 words, with this process pinned to one CPU (yielded)."""
-    path = _path(tag)
-    seg = _segment.create(path, 4096)
     mask = os.sched_getaffinity(0)
-    try:
-        cpu = max(mask)
-        os.sched_setaffinity(0, {cpu})
-        yield seg, np.frombuffer(seg, dtype=np.uint32), cpu
-    finally:
-        os.sched_setaffinity(0, mask)
-        _segment.unlink_path(path)
-        seg.close()
+    with _fresh_segment(tag) as (seg, _):
+        try:
+            cpu = max(mask)
+            os.sched_setaffinity(0, {cpu})
+            yield seg, np.frombuffer(seg, dtype=np.uint32), cpu
+        finally:
+            os.sched_setaffinity(0, mask)
 
 
 CPU_OFFSET = constant("schedule.pxd", "_CPU")  # of the CPU a rank last waited on, in its control line
@@ -193,15 +187,10 @@ def test_an_oversubscribed_wait_yields_only_beside_a_peer(peer_here, yield_compa
 
 
 def test_steps_wrap_around():
-    path = _path("wrap")
-    seg = _segment.create(path, 4096)
-    try:
+    with _fresh_segment("wrap") as (seg, _):
         _sync.post(seg.address, 1, 2, 0)  # 2**32 + 2 as seen through 32 bits
         assert _sync.wait_rank(seg.address, 1, 0xFFFFFFFF, 0, 0, 1000)
         assert not _sync.wait_rank(seg.address, 1, 3, 0, 0, 1000)
-    finally:
-        _segment.unlink_path(path)
-        seg.close()
 
 
 def test_process_alive():

@@ -313,39 +313,31 @@ def test_lanes_of_ranks_in_different_collectives_raise_at_once(monkeypatch):
     count = 8 * CHUNK
     data = [np.ones(count, np.float32) for _ in range(2)]
     entry = kernel_library.entry_point("float32")
-    raised = {}
 
-    def body(rank, pool):
-        a = data[rank].ctypes.data
-        start = time.monotonic()
-        try:
-            if rank == 0:
-                pool.run(L.CHUNKED, 3, 5, count, 4, a, kernel=entry, op=kernels.SUM)
-            else:
-                pool.run(L.BROADCAST, 3, 6, count * 4, 1, a, root=0)
-        except CollectiveError as error:
-            raised[rank] = (str(error), time.monotonic() - start)
+    def broadcast_over_lanes(pool, a):
+        pool.run(L.BROADCAST, 3, 6, count * 4, 1, a, root=0)
 
-    _with_lanes(2, 3, body, monkeypatch)
-    assert set(raised) == {0, 1}, raised
-    assert all("mismatched collectives" in text and seconds < 10 for text, seconds in raised.values()), raised
+    def one_shot_on_the_arena(pool, a):
+        allreduce.one_shot(pool.arena, a, 4, 4, entry, kernels.SUM, 1.0, 7)
 
-    raised.clear()
+    for rank_1_runs in (broadcast_over_lanes, one_shot_on_the_arena):
+        raised = {}
 
-    def against_the_arena(rank, pool):
-        a = data[rank].ctypes.data
-        start = time.monotonic()
-        try:
-            if rank == 0:
-                pool.run(L.CHUNKED, 3, 5, count, 4, a, kernel=entry, op=kernels.SUM)
-            else:
-                allreduce.one_shot(pool.arena, a, 4, 4, entry, kernels.SUM, 1.0, 7)
-        except CollectiveError as error:
-            raised[rank] = (str(error), time.monotonic() - start)
+        def body(rank, pool):
+            a = data[rank].ctypes.data
+            start = time.monotonic()
+            try:
+                if rank == 0:
+                    pool.run(L.CHUNKED, 3, 5, count, 4, a, kernel=entry, op=kernels.SUM)
+                else:
+                    rank_1_runs(pool, a)
+            except CollectiveError as error:
+                raised[rank] = (str(error), time.monotonic() - start)
 
-    _with_lanes(2, 3, against_the_arena, monkeypatch)
-    assert set(raised) == {0, 1}, raised
-    assert all("mismatched collectives" in text and seconds < 10 for text, seconds in raised.values()), raised
+        _with_lanes(2, 3, body, monkeypatch)
+        assert set(raised) == {0, 1}, (rank_1_runs.__name__, raised)
+        assert all("mismatched collectives" in text and seconds < 10 for text, seconds in raised.values()), \
+            (rank_1_runs.__name__, raised)
 
 
 def test_an_aborted_rank_stops_every_lane(monkeypatch):
