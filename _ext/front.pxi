@@ -1,19 +1,22 @@
-# The small collectives' whole path in one compiled call, from the group's method to the C schedule.
+# The collectives' whole path inside a node in one compiled call, from the group's method to the C schedule.
 # Textually included by front.pyx (the schedules it calls with the GIL released are schedules.pyx's).
 #
 # An 8-byte all-reduce exchanges its data in under a microsecond, and the Python layers in front of the same
 # schedule (the surface's fast path, the inline run's bookkeeping, the placement, the algorithm, the arena's
-# steps) took about four more (bench/bench_floor.py, "shm's own work"). Here one call does what those layers
-# do for the calls they would run inline on one lane of the copy path, and hands every other call back (None)
-# to them. What it may take is decided by the layers it stands for: the plan the general path admitted
-# (``Collectives._admit``), the sizes the placement runs that way (``OneNode.one_lane_bytes``), the engine's
-# ``Backlog``, the arena's steps; it reads them, it does not decide them again. What it reads of torch's
+# steps) took about four more (bench/bench_floor.py, "shm's own work"), and about thirteen above a chunk on the
+# 2-core VM, where they also split a message over the lanes. Here one call does what those layers do for the
+# calls they would run inline on the copy path, on the caller's thread or over the lanes (the pool started in
+# C), and hands every other call back (None) to them. What it may take is decided by the layers it stands for:
+# the plan the general path admitted (``Collectives._admit``), the sizes the placement runs that way and how
+# (``OneNode.compiled_bytes``, ``allreduce_route``, ``Lanes.for_bytes``), the engine's ``Backlog``, the arena's
+# steps; it reads them, it does not decide them again. What it reads of torch's
 # objects is most of what it costs: the options' fields it loads from their C++ structs (options.pxi), the
 # tensor's through its getters.
 #
 # An asynchronous call runs here only as far as it goes without waiting for a peer: its first schedule call
 # waits no longer than the caller's spin budget, and whatever is left is queued for the progress thread
-# (``finish_later``), so a program that issues it and then a call its peers make first does not hang.
+# (``finish_later``), so a program that issues it and then a call its peers make first does not hang. One that
+# would split over the lanes is the general path's (its lanes would run on while the caller goes on).
 
 
 cdef enum:
@@ -45,15 +48,16 @@ cdef class _Resume:
 
 cdef class SmallCollectives:
     """The group's all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor run here, where a
-    call is plain contiguous CPU tensors of a plan admitted before, of a size the placement runs on one lane
-    of the copy path (the all-reduce: as one one-shot step), synchronous or asynchronous of at most
-    ``async_try_bytes``, with nothing queued, no profiler, no DEBUG log and no earlier error; else None.
+    call is plain contiguous CPU tensors of a plan admitted before, of a size the placement runs on the copy
+    path (``compiled_bytes``), synchronous, or asynchronous of at most ``async_try_bytes`` and on one lane,
+    with nothing queued, no profiler, no DEBUG log and no earlier error; else None.
 
     It keeps the group's bookkeeping as ``Collectives._run`` does (its ``GroupState``). A wait that outlasts its
     slice, or a peer in another collective, goes to the Python functions that settle it the slow way
     (``finish_one_shot``, ``finish_run``, ``finish_barrier``): here for a synchronous call, on the progress
     thread for an asynchronous one (``finish_later``), whose first schedule call waits only as long as the
-    caller's spin budget.
+    caller's spin budget. A call over the lanes whose lanes did not all end DONE within the first slice goes
+    to ``Lanes.finish``.
 
     Made with keywords only, each named as the group's objects it stands for."""
 
@@ -75,10 +79,17 @@ cdef class SmallCollectives:
     cdef Schedule schedule
     cdef int count_shift, size, keys_per_dtype
     cdef Py_ssize_t async_try_bytes
+    cdef Py_ssize_t one_step_bytes  # the all-reduces of one one-shot step on this thread; above, allreduce_route
+    cdef object allreduce_route  # nbytes -> (schedule kind, lanes) (``OneNode.allreduce_route``)
+    cdef object lanes  # the arena's ``shmcoll.lanes.Lanes``
+    cdef Py_ssize_t split_bytes, align_bytes  # its ``split_bytes`` (capped), and where its stretches start
+    cdef pool_start_t pool_start  # its pool, once started (``Lanes.starter``)
+    cdef void *pool
     cdef readonly Py_ssize_t taken  # calls this path ran (tests check which path ran)
 
     def __init__(self, *, GroupState state, Backlog backlog, DebugSwitch debug, steps, Schedule schedule,
                  dict plans, tuple kinds, tuple options, tuple limits, int count_shift, Py_ssize_t async_try_bytes,
+                 Py_ssize_t one_step_bytes, allreduce_route, lanes, Py_ssize_t align_bytes,
                  finish_one_shot, finish_run, finish_barrier, finish_later, tensor_type, strided, error_type,
                  profiling, barrier_options, uint64_t barrier_desc, option_offsets, completed_type,
                  shared_completed, wrappers):
@@ -106,6 +117,11 @@ cdef class SmallCollectives:
         self.keys_per_dtype = max(_OPS, self.size)  # op values, or roots
         self.count_shift = count_shift
         self.async_try_bytes = async_try_bytes
+        self.one_step_bytes = one_step_bytes
+        self.allreduce_route = allreduce_route
+        self.lanes = lanes
+        self.split_bytes = <Py_ssize_t>min(lanes.split_bytes, 1 << 62)
+        self.align_bytes = align_bytes
         self.finish_one_shot = finish_one_shot
         self.finish_run = finish_run
         self.finish_barrier = finish_barrier
@@ -184,7 +200,22 @@ cdef class SmallCollectives:
             return False
         # From here to in_collective (``_start``), nothing lets another thread run: a shutdown on one sets
         # the error before it waits for in_collective to clear and unmaps the arena (Collectives.shutdown).
-        return self.state.error is None and self.steps.all_reached >= self.steps.step
+        return self.state.error is None and self._all_reached_last()
+
+    cdef bint _all_reached_last(self):
+        """Whether every local rank has reached the last step this one posted, looked at without waiting. A
+        collective over the lanes posts one step of the arena's own and no more, so after it the step is
+        known reached only once the peers are seen to have posted it too."""
+        cdef StepCount steps = self.steps
+        cdef uint32_t step = <uint32_t>steps.step
+        cdef int r
+        if steps.all_reached >= steps.step:
+            return True
+        for r in range(self.size):
+            if not arch.shmcoll_reached(arch.shmcoll_load_acquire_u32(_step_word(self.schedule.s.lines, r)), step):
+                return False
+        steps.all_reached = steps.step
+        return True
 
     cdef void _start(self, uint64_t desc):
         self.taken += 1
@@ -251,10 +282,36 @@ cdef class SmallCollectives:
             return self.shared_completed
         return self.completed_type(result)
 
+    cdef object _on_lanes(self, int kind, int lanes, uint64_t desc, uintptr_t addr, uintptr_t out,
+                          Py_ssize_t count, Py_ssize_t itemsize, Py_ssize_t block_stride, Py_ssize_t out_stride,
+                          uintptr_t kernel, int64_t op, double scale, int root, result, inputs):
+        """A synchronous call over ``lanes`` (>= 2) lanes as ``Lanes.run`` makes it: a step of the arena's own
+        posted with its descriptor (it writes no buffer), then the pool started in C; lanes that did not all
+        end DONE within the first slice go to ``Lanes.finish``, which settles them or raises."""
+        cdef int ended
+        cdef int64_t fence = self.steps.step + 1
+        cdef Py_ssize_t align = max(1, self.align_bytes // itemsize)
+        if self.pool == NULL:
+            start, pool = self.lanes.starter()
+            self.pool_start = <pool_start_t><uintptr_t>start
+            self.pool = <void *><uintptr_t>pool
+        self._start(desc)
+        _post(self.schedule.s.lines, self.schedule.s.me, <uint32_t>fence, desc)  # arena.post, less its Python call
+        self.steps.step = fence
+        with nogil:
+            ended = self.pool_start(self.pool, kind, lanes, desc, addr, out, count, itemsize, align, block_stride,
+                                    out_stride, <kernel_t>kernel, op, scale, root)
+        if ended == 2:
+            self.state.in_collective = False
+        else:
+            self._settle(self.lanes.finish, (lanes, fence, desc), result, inputs, desc, False)
+        return self._work(result, False)
+
     # -- the collectives ---------------------------------------------------------
 
     def allreduce(self, tensors, opts):
-        """``group.allreduce(tensors, opts)`` as one one-shot step, or None."""
+        """``group.allreduce(tensors, opts)``: as one one-shot step on this thread up to ``one_step_bytes``, by its
+        route above (``allreduce_route``: one-shot steps or chunked on this thread, or over the lanes); or None."""
         if type(opts) is not self.options[_ALLREDUCE] or type(tensors) is not list or len(<list>tensors) != 1:
             return None
         tensor = (<list>tensors)[0]
@@ -263,17 +320,19 @@ cdef class SmallCollectives:
         entry = self._entry(_ALLREDUCE, tensor.dtype, self._op_value(_ALLREDUCE, opts))
         if entry is None:
             return None
-        cdef Py_ssize_t count = tensor.numel(), itemsize = entry[2]
+        cdef Py_ssize_t count = tensor.numel(), itemsize = entry[2], nbytes = count * itemsize
         cdef bint async_op = self._async_op(_ALLREDUCE, opts)
-        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and count * itemsize > self.async_try_bytes)
+        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and nbytes > self.async_try_bytes)
                 or not self._may_start()):
             return None
-        cdef int64_t step = self.steps.step + 1
         cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
         cdef uintptr_t addr = tensor.data_ptr()
         cdef kernel_t kernel = <kernel_t><uintptr_t>entry[3]
         cdef int64_t op = entry[4]
         cdef double scale = entry[5]
+        if nbytes > self.one_step_bytes:
+            return self._allreduce_routed(tensors, nbytes, async_op, desc, addr, count, entry, op, scale)
+        cdef int64_t step = self.steps.step + 1
         cdef Py_ssize_t status
         cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)
@@ -289,6 +348,36 @@ cdef class SmallCollectives:
         later = self._settle(self.finish_one_shot, (self.steps, step, status, desc, addr, count, itemsize, entry[3],
                                                     op, scale), tensors, tensors, desc, async_op)
         return later if later is not None else self._work(tensors, async_op)
+
+    cdef object _allreduce_routed(self, tensors, Py_ssize_t nbytes, bint async_op, uint64_t desc, uintptr_t addr,
+                                  Py_ssize_t count, tuple entry, int64_t op, double scale):
+        """An all-reduce above the one-step limit, by its route."""
+        kind, lanes = self.allreduce_route(nbytes)
+        cdef Py_ssize_t itemsize = entry[2]
+        if lanes > 1:
+            return None if async_op else self._on_lanes(kind, lanes, desc, addr, 0, count, itemsize, 0, 0, entry[3],
+                                                        op, scale, -1, tensors, tensors)
+        if kind != KIND_ONE_SHOT_STEPS and kind != KIND_CHUNKED:
+            return None  # one step on one lane: below one_step_bytes, never here
+        cdef int64_t base = self.steps.step
+        cdef kernel_t kernel = <kernel_t><uintptr_t>entry[3]
+        cdef Py_ssize_t status
+        cdef bint steps = kind == KIND_ONE_SHOT_STEPS
+        cdef int64_t slice_ns = self._first_slice(async_op)
+        self._start(desc)
+        with nogil:
+            if steps:
+                status = one_shot_steps(&self.schedule.s, <uint32_t>base, desc, <char *>addr, count, <int>itemsize,
+                                        kernel, op, scale, -1)
+            else:
+                status = chunked(&self.schedule.s, <uint32_t>base, desc, <char *>addr, count, <int>itemsize, kernel,
+                                 op, scale, -1, -1)
+        self.schedule.s.slice_ns = slice_ns
+        if status == STATUS_DONE:
+            return self._ran(status, base, desc, None, tensors, tensors, async_op)
+        resume = (_Resume(self.schedule.one_shot_steps, (desc, addr, count, itemsize, entry[3], op, scale)) if steps
+                  else _Resume(self.schedule.chunked, (desc, addr, count, itemsize, entry[3], op, scale, -1)))
+        return self._ran(status, base, desc, resume, tensors, tensors, async_op)
 
     def barrier(self, opts):
         """``group.barrier(opts)`` as one step, or None."""
@@ -312,7 +401,7 @@ cdef class SmallCollectives:
         return later if later is not None else self._work([], async_op)
 
     def broadcast(self, tensors, opts):
-        """``group.broadcast(tensors, opts)`` on one lane of the copy path, or None."""
+        """``group.broadcast(tensors, opts)`` on the copy path, on this thread or over the lanes; or None."""
         if type(opts) is not self.options[_BROADCAST] or type(tensors) is not list or len(<list>tensors) != 1:
             return None
         tensor = (<list>tensors)[0]
@@ -330,6 +419,9 @@ cdef class SmallCollectives:
         cdef int64_t base = self.steps.step
         cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
         cdef uintptr_t addr = tensor.data_ptr()
+        if nbytes >= self.split_bytes:
+            return None if async_op else self._on_lanes(KIND_BROADCAST, self.lanes.for_bytes(nbytes), desc, addr, 0,
+                                                        nbytes, 1, 0, 0, 0, 0, 1.0, <int>root, tensors, tensors)
         cdef Py_ssize_t status
         cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)
@@ -340,7 +432,8 @@ cdef class SmallCollectives:
                          _Resume(self.schedule.broadcast, (desc, addr, nbytes, root)), tensors, tensors, async_op)
 
     def allgather_into(self, output, input, opts):
-        """``group.all_gather_single(output, input, opts)`` on one lane of the copy path, or None."""
+        """``group.all_gather_single(output, input, opts)`` on the copy path, on this thread or over the lanes; or
+        None."""
         if type(opts) is not self.options[_ALLGATHER] or not self._plain(input) or not self._plain(output):
             return None
         dtype = input.dtype
@@ -357,6 +450,9 @@ cdef class SmallCollectives:
         cdef int64_t base = self.steps.step
         cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
         cdef uintptr_t addr = input.data_ptr(), out = output.data_ptr()
+        if nbytes >= self.split_bytes:
+            return None if async_op else self._on_lanes(KIND_ALLGATHER, self.lanes.for_bytes(nbytes), desc, addr, out,
+                                                        nbytes, 1, 0, nbytes, 0, 0, 1.0, -1, [output], [input])
         cdef Py_ssize_t status
         cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)
@@ -368,7 +464,8 @@ cdef class SmallCollectives:
                          async_op)
 
     def reduce_scatter(self, output, input, opts):
-        """``group.reduce_scatter_single(output, input, opts)`` on one lane of the copy path, or None."""
+        """``group.reduce_scatter_single(output, input, opts)`` on the copy path, on this thread or over the lanes;
+        or None."""
         if type(opts) is not self.options[_REDUCE_SCATTER] or not self._plain(input) or not self._plain(output):
             return None
         dtype = output.dtype
@@ -388,6 +485,10 @@ cdef class SmallCollectives:
         cdef uintptr_t kernel = entry[3]
         cdef int64_t op = entry[4]
         cdef double scale = entry[5]
+        if count * itemsize >= self.split_bytes:
+            return None if async_op else self._on_lanes(KIND_REDUCE_SCATTER, self.lanes.for_bytes(count * itemsize),
+                                                        desc, addr, out, count, itemsize, count, 0, kernel, op, scale,
+                                                        -1, [output], [input])
         cdef Py_ssize_t status
         cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)

@@ -36,23 +36,16 @@ cdef extern from "<string.h>" nogil:
 cdef extern from "<unistd.h>" nogil:
     int getpid()
 
-# What every lane of a collective runs, each over its own [lo, hi) of the message.
-cdef enum:
-    KIND_ONE_SHOT = 0  # items of ``itemsize``
-    KIND_CHUNKED = 1  # all-reduce, or reduce to ``root``
-    KIND_REDUCE_SCATTER = 2  # items; the blocks ``block_stride`` items apart
-    KIND_ALLGATHER = 3  # bytes; the ranks' blocks of the output ``out_stride`` bytes apart
-    KIND_BROADCAST = 4  # bytes, from ``root``
-    KIND_TASK = 5  # ``task`` over [lo, hi) (``pool_for``): no schedule, no step, no wait for a peer
-
 # A lane's progress besides the schedules' own statuses (schedule.pxd): not started, and waiting for every
 # rank to reach the step its previous collective ended on before reusing its buffers.
 cdef enum:
     LANE_STARTING = -10
     LANE_WAITING_BASE = -11
 
+# The pool's kinds (shmcoll/_schedules.pxd), and the all-reduce's that never splits.
 ONE_SHOT, CHUNKED, REDUCE_SCATTER, ALLGATHER, BROADCAST = (KIND_ONE_SHOT, KIND_CHUNKED, KIND_REDUCE_SCATTER,
                                                            KIND_ALLGATHER, KIND_BROADCAST)
+ONE_SHOT_STEPS = KIND_ONE_SHOT_STEPS
 CANCELLED = STATUS_CANCELLED
 
 ctypedef struct job_t:
@@ -291,6 +284,28 @@ cdef void pool_for(void *memory, int lanes, task_t task, void *ctx, Py_ssize_t c
         pass
 
 
+cdef int pool_start(void *memory, int kind, int lanes, uint64_t desc, uintptr_t addr, uintptr_t out,
+                    Py_ssize_t count, Py_ssize_t itemsize, Py_ssize_t align, Py_ssize_t block_stride,
+                    Py_ssize_t out_stride, kernel_t kernel, int64_t op, double scale, int root) noexcept nogil:
+    """One collective over the first ``lanes`` (1 to the pool's count) lanes of the pool at ``memory``: lane j
+    takes the j-th of ``lanes`` stretches of [0, ``count``) items, each starting at a multiple of ``align``
+    items; the caller's thread runs lane 0 until a wait of it outlasts a slice, then joins the workers for at
+    most a slice. 2 once every lane ended DONE, 1 once every lane ended, 0 while one still runs."""
+    cdef pool_t *pool = <pool_t *>memory
+    cdef int j
+    pool.job.kind, pool.job.desc, pool.job.addr, pool.job.out = kind, desc, addr, out
+    pool.job.itemsize, pool.job.block_stride, pool.job.out_stride = itemsize, block_stride, out_stride
+    pool.job.kernel, pool.job.op, pool.job.scale, pool.job.root = kernel, op, scale, root
+    pool.job.direct = apart(out, addr, count, block_stride, itemsize, pool.lanes[0].s.size)
+    _fan_out(pool, lanes, count, align)
+    if not (_advance(pool, pool.lanes[0], True) and _join(pool, pool.lanes[0].s.spin_ns, pool.lanes[0].s.slice_ns)):
+        return 0
+    for j in range(lanes):
+        if pool.lanes[j].status != STATUS_DONE:
+            return 1
+    return 2
+
+
 cdef class Pool:
     """The lanes of one arena and the threads that drive lanes 1..n-1 (see the comment at the top).
 
@@ -340,19 +355,18 @@ cdef class Pool:
         """Run one collective over its first ``lanes`` lanes: lane j takes the j-th of ``lanes`` stretches of
         [0, ``count``) items, each starting at a multiple of ``align`` items. Returns True once every lane has
         ended; False when a wait outlasted a slice (``advance`` goes on)."""
-        cdef pool_t *pool = self.pool
-        cdef int done
+        cdef int ended
         if not 1 <= lanes <= self.count:
             raise ValueError(f"{lanes} lanes of a pool of {self.count}")
-        pool.job.kind, pool.job.desc, pool.job.addr, pool.job.out = kind, desc, addr, out
-        pool.job.itemsize, pool.job.block_stride, pool.job.out_stride = itemsize, block_stride, out_stride
-        pool.job.kernel, pool.job.op, pool.job.scale, pool.job.root = <kernel_t>kernel, op, scale, root
-        pool.job.direct = apart(out, addr, count, block_stride, itemsize, pool.lanes[0].s.size)
         with nogil:
-            _fan_out(pool, lanes, count, align)
-            done = _advance(pool, pool.lanes[0], True) and _join(pool, pool.lanes[0].s.spin_ns,
-                                                                  pool.lanes[0].s.slice_ns)
-        return done == 1
+            ended = pool_start(self.pool, kind, lanes, desc, addr, out, count, itemsize, align, block_stride,
+                               out_stride, <kernel_t>kernel, op, scale, root)
+        return ended > 0
+
+    def starter(self):
+        """(``pool_start``'s address, this pool's): what the compiled front needs to start a collective over
+        the lanes without Python (``shmcoll.lanes.Lanes.starter``); valid until ``close``."""
+        return <uintptr_t>&pool_start, <uintptr_t>self.pool
 
     def advance(self):
         """The collective in progress one slice further: True once every lane has ended."""

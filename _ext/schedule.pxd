@@ -34,6 +34,15 @@ ctypedef void (*task_t)(void *ctx, Py_ssize_t lo, Py_ssize_t hi, int lane) noexc
 ctypedef void (*pool_for_t)(void *pool, int lanes, task_t task, void *ctx, Py_ssize_t count,
                             Py_ssize_t align) noexcept nogil
 
+# ``pool_start`` by address (the pool lives in _schedules, the compiled front in _front): one collective of
+# ``kind`` (lanes.pxi's KIND_*) over the first ``lanes`` lanes of ``pool``, as ``Pool.start`` runs it; 2 once
+# every lane ended DONE, 1 once every lane ended otherwise (``shmcoll.lanes.Lanes.finish`` raises), 0 when a
+# wait outlasted its slice (``Lanes.finish`` settles it).
+ctypedef int (*pool_start_t)(void *pool, int kind, int lanes, uint64_t desc, uintptr_t addr, uintptr_t out,
+                             Py_ssize_t count, Py_ssize_t itemsize, Py_ssize_t align, Py_ssize_t block_stride,
+                             Py_ssize_t out_stride, kernel_t kernel, int64_t op, double scale,
+                             int root) noexcept nogil
+
 # What a schedule call returns. A value >= 0 is the position p of a wait whose slice expired: resume from p
 # once every rank has reached step base + p + 1 (shmcoll.algorithms.schedule).
 cdef enum:

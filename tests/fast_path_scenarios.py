@@ -89,7 +89,7 @@ def fast_paths(cases):
     # compiled code (shmcoll._front.SmallCollectives), which keeps the group's bookkeeping
     # (describe_current) as the general path does.
     compiled = getattr(pg._small, "taken", None)
-    one_lane_bytes = getattr(pg.placement, "one_lane_bytes", {})
+    compiled_bytes = getattr(pg.placement, "compiled_bytes", {})
     placement_kind = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
                       "broadcast": "broadcast", "all_gather_into_tensor": "all_gather"}
 
@@ -109,7 +109,7 @@ def fast_paths(cases):
                 went = "the general path" if launches else "the fast path"
                 assert bool(launches) != fast, f"{case}: took {went}"
                 took = (pg._small.taken - before) if compiled is not None else 0
-                want = fast and count * dtype.itemsize <= one_lane_bytes.get(placement_kind[name], 0)
+                want = fast and count * dtype.itemsize <= compiled_bytes.get(placement_kind[name], 0)
                 assert took == want, f"{case}: the compiled path took {took} calls, not {int(want)}"
                 assert pg._state.seq == seq + 1 and f"{count} elements) #{seq + 1}" in pg.describe_current(), \
                     f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
@@ -135,7 +135,7 @@ def fast_paths(cases):
                     cases.run(f"fast_path/every_op/{name}/{dtype}/{op_name}/async={async_op}", every_op,
                               f"every_op/{name}/{dtype}/{op_name}/async={async_op}", calls[name], dtype, op_name,
                               async_op)
-    if one_lane_bytes:  # at least sum, product, min and max of both dtypes, both ways, for both collectives
+    if compiled_bytes:  # at least sum, product, min and max of both dtypes, both ways, for both collectives
         cases.check("fast_path/every_op/compiled", sum(reduced) >= 4 * 2 * 2 * 2,
                     f"the compiled path took {sum(reduced)} of the {len(reduced)} calls")
 
@@ -155,7 +155,7 @@ def fast_paths(cases):
                         assert work.result()[0] is tensor, f"{case}: the async Work's result is another call's"
                     assert_equal(tensor, make_input(case, root, torch.int64, 5), case)
                 took = (pg._small.taken - before) if compiled is not None else 0
-                assert took == (1 + async_op if one_lane_bytes else 0), f"{case}: the compiled path took {took} calls"
+                assert took == (1 + async_op if compiled_bytes else 0), f"{case}: the compiled path took {took} calls"
 
     cases.run(_EVERY_ROOT, every_root)
 
@@ -184,7 +184,7 @@ def fast_paths(cases):
             time.sleep(0.35)
         before = pg._small.taken if compiled is not None else 0
         call(case, dtype, 7, op_name, False)
-        if one_lane_bytes:
+        if compiled_bytes:
             assert pg._small.taken == before + 1, f"{case}: the compiled path did not take the late call"
 
     for name, dtype, op_name in LATE_PEER_CALLS:
@@ -208,7 +208,7 @@ def fast_paths(cases):
                 work.wait()
             held = time.monotonic() - start
             took = (pg._small.taken - before) if compiled is not None else 0
-            assert took == (1 if one_lane_bytes else 0), f"{case}: the compiled path took {took} calls"
+            assert took == (1 if compiled_bytes else 0), f"{case}: the compiled path took {took} calls"
             assert pg._state.seq == seq + 1 and pg.describe_current() == f"barrier() #{seq + 1}", \
                 f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
             assert not late or rank == world - 1 or held > 0.25, f"{case}: the barrier let rank {rank} go after " \

@@ -12,6 +12,11 @@ cdef class Schedule:
 
 cdef Py_ssize_t one_shot(sched_t *s, uint32_t step, uint64_t desc, char *addr, Py_ssize_t count, int itemsize,
                          kernel_t kernel, int64_t op, double scale, bint resume) noexcept nogil
+cdef Py_ssize_t one_shot_steps(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t count,
+                                int itemsize, kernel_t kernel, int64_t op, double scale,
+                                Py_ssize_t resume) noexcept nogil
+cdef Py_ssize_t chunked(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t count, int itemsize,
+                         kernel_t kernel, int64_t op, double scale, int root, Py_ssize_t resume) noexcept nogil
 cdef Py_ssize_t reduce_scatter(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t block_count,
                                Py_ssize_t block_stride, int itemsize, char *out, bint direct, kernel_t kernel,
                                int64_t op, double scale, Py_ssize_t resume) noexcept nogil
@@ -20,6 +25,19 @@ cdef Py_ssize_t allgather(sched_t *s, uint32_t base, uint64_t desc, char *addr, 
 cdef Py_ssize_t broadcast(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t nbytes, int root,
                           Py_ssize_t resume) noexcept nogil
 cdef Py_ssize_t barrier(sched_t *s, uint32_t step, uint64_t desc) noexcept nogil
+
+
+# What every lane of a collective runs (lanes.pxi), each over its own [lo, hi) of the message; and the one
+# all-reduce schedule that never splits, so that an all-reduce's route (``OneNode.allreduce_route``) names its
+# schedule by one of these.
+cdef enum:
+    KIND_ONE_SHOT = 0  # items of ``itemsize``
+    KIND_CHUNKED = 1  # all-reduce, or reduce to ``root``
+    KIND_REDUCE_SCATTER = 2  # items; the blocks ``block_stride`` items apart
+    KIND_ALLGATHER = 3  # bytes; the ranks' blocks of the output ``out_stride`` bytes apart
+    KIND_BROADCAST = 4  # bytes, from ``root``
+    KIND_TASK = 5  # ``task`` over [lo, hi) (``pool_for``): no schedule, no step, no wait for a peer
+    KIND_ONE_SHOT_STEPS = 6  # all-reduce between two ranks in one-shot steps of a slot: the caller's thread only
 
 
 # Whether a reduce-scatter of the ``size`` blocks of ``count`` items at ``addr`` (``block_stride`` items apart)

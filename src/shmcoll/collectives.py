@@ -31,6 +31,7 @@ from shmcoll._env import read_settings
 from shmcoll._state import DebugSwitch, GroupState
 from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
+from shmcoll import lanes as lanes_module
 from shmcoll.algorithms import allreduce as allreduce_algorithm
 from shmcoll.algorithms import barrier as barrier_algorithm
 from shmcoll.algorithms import schedule as schedule_driver
@@ -114,17 +115,19 @@ class Collectives:
     def _compiled_small_collectives(self, paths):
         """The group's first try at all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor
         (``ProcessGroupShm``): where the placement has compiled paths (``paths``: one node's arena), the calls
-        its fast paths would run inline in one C schedule call on one lane run whole in one compiled call, from
-        the group's method to the schedule (``_front.SmallCollectives``), which returns None for every call
-        it does not take."""
+        its fast paths would run inline on the copy path run whole in one compiled call, from the group's method
+        to the schedule or the lanes (``_front.SmallCollectives``), which returns None for every call it does
+        not take."""
         kinds = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
         return _front.SmallCollectives(
             state=self._state, backlog=self._engine.backlog, debug=DebugSwitch(_log), steps=paths.steps,
             schedule=paths.schedule, plans=self._fast_plans,
             kinds=(descriptors.ALLREDUCE, descriptors.BROADCAST, descriptors.ALLGATHER, descriptors.REDUCE_SCATTER),
             options=(_AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions),
-            limits=tuple(paths.one_lane_bytes[kind] for kind in kinds), count_shift=descriptors.COUNT_SHIFT,
-            async_try_bytes=paths.async_try_bytes, finish_one_shot=allreduce_algorithm.finish_one_shot,
+            limits=tuple(paths.compiled_bytes[kind] for kind in kinds), count_shift=descriptors.COUNT_SHIFT,
+            async_try_bytes=paths.async_try_bytes, one_step_bytes=paths.one_step_bytes,
+            allreduce_route=paths.allreduce_route, lanes=paths.lanes, align_bytes=lanes_module.ALIGN_BYTES,
+            finish_one_shot=allreduce_algorithm.finish_one_shot,
             finish_run=schedule_driver.finish_run, finish_barrier=barrier_algorithm.finish,
             finish_later=self._finish_later, tensor_type=_Tensor, strided=_STRIDED, error_type=ShmcollError,
             profiling=profiling.active, barrier_options=_BarrierOptions,

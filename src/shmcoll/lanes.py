@@ -44,6 +44,8 @@ from shmcoll.waits import reached
 # The kinds of schedule a collective's lanes run (``_schedules``).
 ONE_SHOT, CHUNKED, REDUCE_SCATTER, ALLGATHER, BROADCAST = (
     _schedules.ONE_SHOT, _schedules.CHUNKED, _schedules.REDUCE_SCATTER, _schedules.ALLGATHER, _schedules.BROADCAST)
+# The all-reduce's schedule that never splits (an all-reduce's route names it: ``OneNode.allreduce_route``).
+ONE_SHOT_STEPS = _schedules.ONE_SHOT_STEPS
 _FINAL = (_schedules.DONE, _schedules.MISMATCH, _schedules.CANCELLED)
 # Each lane's stretch of a message starts on a cache line, so a lane may get up to this much beyond an even share.
 ALIGN_BYTES = 64
@@ -99,16 +101,29 @@ class Lanes:
             block_stride: int = 0, out_stride: int = 0, kernel: int = 0, op: int = 0, scale: float = 1.0,
             root: int = -1) -> None:
         """One collective of ``kind`` over ``count`` items of ``itemsize`` bytes at ``addr``, on ``lanes`` lanes
-        (``for_bytes``; at least 2): the schedules' arguments as ``shmcoll.algorithms`` passes them."""
+        (``for_bytes``; at least 2): the schedules' arguments as ``shmcoll.algorithms`` passes them. (The
+        compiled front, ``_front.SmallCollectives``, does the same in C up to ``finish``.)"""
         arena = self.arena
         self._started()
         fence = arena.next_step()
         arena.post(fence, desc)  # see the module's docstring
-        align = max(1, ALIGN_BYTES // itemsize)
-        if not self._pool.start(kind, lanes, desc, addr, out, count, itemsize, align, block_stride, out_stride,
-                                kernel, op, scale, root):
+        if not self._pool.start(kind, lanes, desc, addr, out, count, itemsize, max(1, ALIGN_BYTES // itemsize),
+                                block_stride, out_stride, kernel, op, scale, root):
             self._settle(lanes, fence, desc)
         self._raise_if_failed(lanes, desc)
+
+    def finish(self, lanes: int, fence: int, desc: int) -> None:
+        """The rest of a collective whose lanes were started after posting step ``fence`` (``run``, or the
+        compiled front through ``starter``) and did not all end DONE within the first slice: settled here, then
+        raised on if a lane failed."""
+        self._settle(lanes, fence, desc)
+        self._raise_if_failed(lanes, desc)
+
+    def starter(self) -> tuple[int, int]:
+        """(the C function that starts a collective over the lanes, the pool): for the compiled front, which
+        calls it without Python (``_schedules.Pool.starter``); the pool is started here if it was not. Valid
+        until ``close``."""
+        return self._started().starter()
 
     def _started(self):
         """The pool, started at the first collective that splits (a group may never need its threads)."""

@@ -72,15 +72,24 @@ def _apart(sources: list[torch.Tensor], targets: list[torch.Tensor]) -> list[tor
 
 
 _NO_LIMIT_BYTES = 1 << 62  # a size no message reaches
+# The all-reduce's schedules on the caller's thread, by the kind its route names (``OneNode.allreduce_route``).
+_ON_ONE_LANE = {_lanes.ONE_SHOT: allreduce.one_shot, _lanes.ONE_SHOT_STEPS: allreduce.one_shot_steps,
+                _lanes.CHUNKED: allreduce.reduce_scatter_allgather}
 
 
 class CompiledPaths(NamedTuple):
-    """What the group's compiled small collectives and transfers run on (``Collectives``): the arena's steps and
-    schedule, per collective the most bytes per rank they take (``one_lane_bytes``), how large an asynchronous
-    call they begin (``async_try_bytes``), and the point-to-point engine."""
+    """What the group's compiled collectives and transfers run on (``Collectives``): the arena's steps and
+    schedule, per collective the most bytes per rank they take (``compiled_bytes``: up to single copy's span),
+    the all-reduce's one-step limit on one lane (``one_step_bytes``) and its route above it
+    (``allreduce_route``), the lanes (``shmcoll.lanes.Lanes``: ``split_bytes``, ``for_bytes``, ``starter``,
+    ``finish``), how large an asynchronous call they begin (``async_try_bytes``; never one over lanes), and the
+    point-to-point engine."""
     steps: object  # arena.Steps
     schedule: object  # _schedules.Schedule
-    one_lane_bytes: dict
+    compiled_bytes: dict
+    one_step_bytes: int
+    allreduce_route: object
+    lanes: object
     async_try_bytes: int
     p2p: PointToPoint
 
@@ -141,16 +150,17 @@ class OneNode(OnArena):
         direct = self.single_copy_spans.get("point_to_point")  # a sender decides; its receiver follows
         self.p2p = PointToPoint(arena, f"rank{rank}", direct_from=direct[0] if direct else None,
                                 budgets=waits.inline)
-        # The messages that run on the caller's thread in one C schedule call on one lane: the all-reduces of
-        # one one-shot step, and the broadcasts, all-gathers and reduce-scatters (per block) of the copy path
-        # below single copy's span; what the group's compiled small collectives take (_front.SmallCollectives).
-        one_lane = int(min(lanes.split_bytes - 1, _NO_LIMIT_BYTES))  # what for_bytes leaves on one lane
-        self.one_lane_bytes = {"all_reduce": min(self.one_shot_bytes, one_lane),
-                               **{kind: min(one_lane, self._below_single_copy(kind))
+        # The messages the group's compiled collectives take (_front.SmallCollectives): every size of the copy
+        # path, the all-reduces of one one-shot step and those below single copy's span, and the broadcasts,
+        # all-gathers and reduce-scatters (per block) below it.
+        self.compiled_bytes = {"all_reduce": max(self.one_shot_bytes, self._below_single_copy("all_reduce")),
+                               **{kind: self._below_single_copy(kind)
                                   for kind in ("broadcast", "all_gather", "reduce_scatter")}}
 
     def compiled_paths(self) -> CompiledPaths | None:
-        return CompiledPaths(self.arena, self.arena.schedule, self.one_lane_bytes, self.async_try_bytes, self.p2p)
+        one_step = int(min(self.one_shot_bytes, self.lanes.split_bytes - 1))  # one step on the caller's thread
+        return CompiledPaths(self.arena, self.arena.schedule, self.compiled_bytes, one_step, self.allreduce_route,
+                             self.lanes, self.async_try_bytes, self.p2p)
 
     def _below_single_copy(self, kind: str) -> int:
         """The most bytes per rank up to which no message of ``kind`` reads the peers' buffers (``_single_copy``)."""
@@ -186,6 +196,16 @@ class OneNode(OnArena):
 
     # -- reductions ----------------------------------------------------------
 
+    def allreduce_route(self, nbytes: int) -> tuple[int, int]:
+        """How an all-reduce of ``nbytes`` (> 0) per rank below single copy's span runs: (its schedule, one of
+        ``shmcoll.lanes``' ONE_SHOT, ONE_SHOT_STEPS and CHUNKED; the lanes it splits over), decided here alone
+        (the compiled front asks it too, above its one-step limit)."""
+        if nbytes <= self.one_shot_bytes:
+            return _lanes.ONE_SHOT, self.lanes.for_bytes(nbytes)
+        if self.one_shot_steps:
+            return _lanes.ONE_SHOT_STEPS, 1
+        return _lanes.CHUNKED, self.lanes.for_bytes(nbytes)
+
     def allreduce(self, tensor: torch.Tensor, red: ops.Reduction, desc: int) -> None:
         flat = red.view(tensor)
         count, itemsize = flat.numel(), flat.element_size()
@@ -201,12 +221,17 @@ class OneNode(OnArena):
     def one_shot(self, tensor: torch.Tensor, count: int, red: ops.Reduction, desc: int) -> None:
         """All-reduce in one step: ``tensor`` contiguous, ``count`` (> 0) elements of ``red``'s dtype, at most
         ``one_shot_bytes``; the surface's small all-reduce path calls it directly."""
-        addr, itemsize = tensor.data_ptr(), red.dtype.numpy.itemsize
-        lanes = self.lanes.for_bytes(count * itemsize)
+        itemsize = red.dtype.numpy.itemsize
+        self._run_route(tensor.data_ptr(), count, itemsize, red, desc, *self.allreduce_route(count * itemsize))
+
+    def _run_route(self, addr: int, count: int, itemsize: int, red: ops.Reduction, desc: int, kind: int,
+                   lanes: int) -> None:
+        """All-reduce ``count`` items of ``itemsize`` bytes at ``addr`` in place by their route
+        (``allreduce_route``)."""
         if lanes > 1:
-            return self.lanes.run(_lanes.ONE_SHOT, lanes, desc, count, itemsize, addr, kernel=red.kernel,
-                                  op=red.op.kernel, scale=red.scale)
-        allreduce.one_shot(self.arena, addr, count, itemsize, red.kernel, red.op.kernel, red.scale, desc)
+            return self.lanes.run(kind, lanes, desc, count, itemsize, addr, kernel=red.kernel, op=red.op.kernel,
+                                  scale=red.scale)
+        _ON_ONE_LANE[kind](self.arena, addr, count, itemsize, red.kernel, red.op.kernel, red.scale, desc)
 
     def reduce(self, tensor: torch.Tensor, root: int, red: ops.Reduction, desc: int) -> None:
         flat = red.view(tensor)
@@ -218,20 +243,19 @@ class OneNode(OnArena):
             unstage(flat, work)
 
     def _chunked(self, work: torch.Tensor, red: ops.Reduction, desc: int, root: int | None = None) -> None:
-        """All-reduce (or reduce to ``root``) the contiguous ``work`` in place, chunked, over the lanes its
-        size calls for."""
+        """All-reduce (or reduce to ``root``) the contiguous ``work`` in place above the one-step limit, by
+        single copy in its span, else by its route (a reduce: chunked, over the lanes its size calls for)."""
         addr, itemsize = work.data_ptr(), work.element_size()
         nbytes = work.numel() * itemsize
         if self._single_copy("all_reduce" if root is None else "reduce", nbytes):
             return allreduce.single_copy(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
                                          red.scale, desc, root, self._single_copy_lanes(nbytes))
-        if root is None and self.one_shot_steps:
-            return allreduce.one_shot_steps(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
-                                            red.scale, desc)
+        if root is None:
+            return self._run_route(addr, work.numel(), itemsize, red, desc, *self.allreduce_route(nbytes))
         lanes = self.lanes.for_bytes(nbytes)
         if lanes > 1:
             return self.lanes.run(_lanes.CHUNKED, lanes, desc, work.numel(), itemsize, addr, kernel=red.kernel,
-                                  op=red.op.kernel, scale=red.scale, root=-1 if root is None else root)
+                                  op=red.op.kernel, scale=red.scale, root=root)
         allreduce.reduce_scatter_allgather(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
                                            red.scale, desc, root=root)
 
