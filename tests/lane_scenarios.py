@@ -11,8 +11,15 @@ import torch.distributed as dist
 from tests.all_reduce_scenarios import allreduce_matrix, allreduce_matrix_cases
 from tests.movement_scenarios import data_movement, data_movement_cases
 from tests.overlap_scenarios import in_place_overlap, in_place_overlap_cases
+from tests.references import assert_equal, make_input, reference_reduce
 from tests.rooted_scenarios import rooted_and_scattered, rooted_and_scattered_cases
 
+# The collectives the compiled front splits over the lanes, each at a size just above the split (two lanes, a
+# ragged end) and at one that takes every lane; then a late peer's, and last (the group is unusable after it)
+# two collectives met at once.
+COMPILED_CALLS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor")
+COMPILED_SIZES = ("two_lanes", "every_lane")
+COMPILED_OTHER = _LATE, _MISMATCH = ("compiled_lanes/late_peer", "compiled_lanes/mismatch")
 # What lane_threads_sleep checks, in order: the result, the threads there, idle, gone after destroy.
 SLEEP_CHECKS = _RESULT, _STARTED, _IDLE, _GONE = ("lanes/result", "lanes/started", "lanes/idle", "lanes/gone")
 
@@ -41,6 +48,74 @@ def single_copy_over_lanes(cases, big: str = "20011"):
     lanes = dist.group.WORLD.placement.lanes
     cases.check("lanes/single-copy", lanes._single_copy is not None and len(lane_threads()) == lanes.count - 1,
                 f"single copy did not split over the lanes ({len(lane_threads())} lane threads)")
+
+
+def compiled_over_lanes(cases):
+    """A synchronous collective large enough to split runs whole in the compiled front, which starts the
+    lanes' pool in C (``_front.SmallCollectives``): the second call of each (the first admits its plan) is
+    taken there and gives the reference's result bit for bit; a peer that comes late is waited for the slow way
+    (``Lanes.finish``); ranks in two different collectives over the lanes each raise, naming both."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pg = dist.group.WORLD
+    lanes = pg.placement.lanes
+    counts = {"two_lanes": lanes.split_bytes // 4 + 13, "every_lane": lanes.count * lanes.min_bytes // 4 + 29}
+
+    def collective(name: str, count: int, case: str):
+        """Run collective ``name`` of ``count`` float32 per rank; check its result."""
+        if name == "all_reduce":
+            inputs = [make_input(case, r, torch.float32, count) for r in range(world)]
+            x = inputs[rank].clone()
+            dist.all_reduce(x)
+            assert_equal(x, reference_reduce(inputs, "sum", torch.float32), case)
+        elif name == "broadcast":
+            x = make_input(case, 0, torch.float32, count) if rank == 0 else torch.zeros(count)
+            dist.broadcast(x, 0)
+            assert_equal(x, make_input(case, 0, torch.float32, count), case)
+        elif name == "all_gather_into_tensor":
+            out = torch.zeros(world * count)
+            dist.all_gather_into_tensor(out, make_input(case, rank, torch.float32, count))
+            assert_equal(out, torch.cat([make_input(case, r, torch.float32, count) for r in range(world)]), case)
+        else:
+            inputs = [make_input(case, r, torch.float32, world * count) for r in range(world)]
+            out = torch.zeros(count)
+            dist.reduce_scatter_tensor(out, inputs[rank].clone())
+            assert_equal(out, reference_reduce(inputs, "sum", torch.float32)[rank * count:(rank + 1) * count], case)
+
+    def taken_by_the_front(name: str, count: int, case: str):
+        collective(name, count, f"{case}/admit")
+        before = pg._small.taken
+        collective(name, count, case)
+        assert pg._small.taken == before + 1, f"{case}: the compiled front did not take the call"
+
+    for name in COMPILED_CALLS:
+        for size in COMPILED_SIZES:
+            case = f"compiled_lanes/{name}/{size}"
+            cases.run(case, taken_by_the_front, name, counts[size], case)
+
+    def late_peer():
+        if rank == world - 1:
+            time.sleep(0.35)  # several wait slices: the lanes' first slice ends before it comes
+        before = pg._small.taken
+        collective("all_reduce", counts["every_lane"], _LATE)
+        assert pg._small.taken == before + 1, "the compiled front did not take the late call"
+
+    cases.run(_LATE, late_peer)
+
+    def mismatch():
+        try:
+            collective("all_reduce" if rank == 0 else "broadcast", counts["every_lane"], _MISMATCH)
+        except Exception as error:  # the group is unusable from here on: the scenario's last case
+            assert "mismatched collectives" in str(error) and "all_reduce" in str(error) \
+                and "broadcast" in str(error), f"not the mismatch: {error}"
+        else:
+            raise AssertionError("two different collectives over the lanes did not raise")
+
+    cases.run(_MISMATCH, mismatch)
+
+
+def compiled_over_lanes_cases() -> int:
+    """How many cases ``compiled_over_lanes`` runs on each rank."""
+    return len(COMPILED_CALLS) * len(COMPILED_SIZES) + len(COMPILED_OTHER)
 
 
 def lane_threads_sleep(cases):

@@ -71,6 +71,15 @@ def test_ranks_asking_for_different_thread_counts_agree():
     assert_job_passes(result, min_cases=movement_scenarios.data_movement_cases(3))
 
 
+@pytest.mark.parametrize("world_size, threads", [(2, 3), (3, 2)])
+def test_compiled_front_over_lanes(world_size, threads):
+    """The compiled front splits synchronous collectives over the lanes itself: each taken there, bitwise the
+    reference; a late peer settled by Lanes.finish; a mismatch raised on every rank."""
+    result = spawn("tests.lane_scenarios:compiled_over_lanes", world_size,
+                   env={**LANES, "SHMCOLL_THREADS": str(threads)})
+    assert_job_passes(result, min_cases=lane_scenarios.compiled_over_lanes_cases())
+
+
 def test_idle_lane_threads_sleep():
     """After a collective split over lanes the lane threads use no CPU, and destroy_process_group ends them."""
     result = spawn("tests.lane_scenarios:lane_threads_sleep", 2, env={"SHMCOLL_THREADS": "4"})
