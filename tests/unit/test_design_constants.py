@@ -121,6 +121,17 @@ def test_every_one_shot_over_lanes_fits_its_slots(small, chunk, thread_bytes):
                                                                                       DEFAULTS.chunk_bytes, ranks)
 
 
+def test_the_one_shot_cap_grows_with_the_lanes_and_falls_with_the_ranks():
+    """A one-shot split over the lanes divides its reads among them: with SHMCOLL_SMALL_BYTES out of the way, the
+    limit at T lanes is T times one thread's cap (1 MiB / L^2) where the lanes' slots hold it, and falls with the
+    ranks at every lane count."""
+    for count in (1, 2, 4, 8):
+        pool = lanes.Lanes(SimpleNamespace(lane_count=count, chunk_bytes=1 << 20), 16 << 10)
+        limits = [allreduce.one_shot_limit(1 << 30, 1 << 20, ranks, count, pool.split_bytes, pool.share_bytes)
+                  for ranks in (2, 3, 4)]
+        assert limits == [count * (allreduce.ONE_SHOT_RANKS_BYTES // (ranks * ranks)) for ranks in (2, 3, 4)], limits
+
+
 def test_the_group_wide_settings_are_those_every_document_lists():
     """_env marks which settings every rank of a group shares; DESIGN lists them, README's variable table
     says "yes" in its last column for exactly those."""

@@ -35,21 +35,25 @@ def one_shot_steps_apply(local_size: int, lanes: int) -> bool:
 def one_shot_limit(small_bytes: int, chunk_bytes: int, local_size: int, lanes: int = 1,
                    split_bytes: float = float("inf"), lane_share_bytes: int = 0) -> int:
     """The largest all-reduce (bytes) that runs as one step: SHMCOLL_SMALL_BYTES, within one slot, and within
-    ONE_SHOT_RANKS_BYTES / local_size^2.
+    ONE_SHOT_RANKS_BYTES / local_size^2 per thread.
 
     Where messages from ``split_bytes`` on are cut into up to ``lanes`` lanes (``shmcoll.lanes``), a one-shot
-    that splits must also fit each lane's slots: every lane's even share at most ``lane_share_bytes``. The limit
-    is not raised with the lanes: a one-shot reduces the whole message on every rank where the chunked schedule
-    reduces 1/L of it, and on 16 cores one step per lane up to T x the limit lost to two steps per chunk at
-    4 x 4 (256 KiB: 2.3-2.9x slower) and for bfloat16 at 2 x 8 (BENCHMARKS.md, "Threads per rank")."""
-    limit = ONE_SHOT_RANKS_BYTES // (local_size * local_size)
-    alone = min(small_bytes, chunk_bytes, limit)
+    that splits divides its reads among them, so the ranks' cap grows with the lanes (``lanes`` x
+    ONE_SHOT_RANKS_BYTES / local_size^2), and every lane's even share must fit its slots (at most
+    ``lane_share_bytes``). SHMCOLL_SMALL_BYTES stays the most: its default keeps the split one-shot where the
+    16-core machine measured it (up to 64 KiB) since one step per lane up to T x 64 KiB lost to two steps per
+    chunk at 4 x 4 (256 KiB: 2.3-2.9x slower) and for bfloat16 at 2 x 8 (docs/benchmark-log.md, "The one-shot
+    over lanes, tried and dropped"): a one-shot reduces the whole message on every rank where the chunked
+    schedule reduces 1/L of it. A larger SHMCOLL_SMALL_BYTES raises it up to that cap (``bench/threads.sh``,
+    part ``oneshot``, measures where it pays)."""
+    per_thread = ONE_SHOT_RANKS_BYTES // (local_size * local_size)
+    alone = min(small_bytes, chunk_bytes, per_thread)
     if lanes < 2 or alone < split_bytes:
-        return alone  # no one-shot is split
-    # Shares run up to split_bytes just above it (two lanes), and up to alone / lanes at the top.
+        return alone  # no one-shot is split (one between the two limits would run on one thread)
+    # Shares run up to split_bytes just above it (two lanes), and up to the limit / lanes at the top.
     if lane_share_bytes < split_bytes:
         return int(split_bytes) - 1  # no one-shot is split
-    return min(alone, lanes * lane_share_bytes)
+    return min(small_bytes, lanes * per_thread, lanes * lane_share_bytes)
 
 
 def one_shot(arena, addr: int, count: int, itemsize: int, kernel: int, op: int, scale: float, desc: int) -> None:
