@@ -200,8 +200,9 @@ def _raises_soon_after_abort(group, call, what: str, words: tuple) -> None:
         raise AssertionError(f"the {what} returned after {time.monotonic() - start:.1f} s")
 
 
-def abort_hung_collective() -> None:
-    """Rank 0 waits in an all_reduce that the last rank never joins; another thread aborts the group.
+def abort_hung_collective(n: int = 1000) -> None:
+    """Rank 0 waits in an all_reduce (of ``n`` elements) that the last rank never joins; another thread aborts
+    the group.
 
     The all_reduce must raise within about a second of abort(); the group then refuses collectives; abort()
     again and shutdown() from another thread are harmless; the exit is clean.
@@ -209,16 +210,16 @@ def abort_hung_collective() -> None:
     _init(timeout_s=60)
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.distributed_c10d._get_default_group()
-    t = _values(rank)
+    t = _values(rank, n)
     dist.all_reduce(t)
-    assert torch.equal(t, _summed(world))
+    assert torch.equal(t, _summed(world, n))
     dist.barrier()
     if rank == world - 1:
         _idle_while_aborted()
         return
-    _raises_soon_after_abort(group, lambda: dist.all_reduce(_values(rank)), "all_reduce", ("abort",))
+    _raises_soon_after_abort(group, lambda: dist.all_reduce(_values(rank, n)), "all_reduce", ("abort",))
     try:
-        dist.all_reduce(_values(rank))
+        dist.all_reduce(_values(rank, n))
     except RuntimeError as error:
         assert "abort" in str(error), error
     else:
@@ -229,6 +230,14 @@ def abort_hung_collective() -> None:
     closer.join()
     dist.destroy_process_group()
     _report_threads()
+
+
+def abort_hung_collective_over_lanes() -> None:
+    """The same with a 4 MiB all_reduce over three lanes, which the compiled front starts in C
+    (``_front.SmallCollectives``): abort() must reach every lane's wait, each rank's lanes stopped before it
+    raises."""
+    os.environ["SHMCOLL_THREADS"] = "3"
+    abort_hung_collective(1 << 20)
 
 
 def abort_hung_recv() -> None:
@@ -280,7 +289,8 @@ def gloo_worker_busy_at_exit() -> None:
 
 CASES = {f.__name__: f for f in (mixed_with_gloo, destroy_one_subgroup, reinit, exit_without_destroy,
                                  exception_in_user_code, busy_until_signalled, forked_dataloader_workers,
-                                 abort_hung_collective, abort_hung_recv, gloo_worker_busy_at_exit)}
+                                 abort_hung_collective, abort_hung_collective_over_lanes, abort_hung_recv,
+                                 gloo_worker_busy_at_exit)}
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

@@ -76,6 +76,7 @@ CLEAN_EXITS = [
     # before its next collective; 0 of 143 runs of the case alone, 83 of them under load, reproduced it).
     ("forked_dataloader_workers", "shm", 3),
     ("abort_hung_collective", "shm", 3),  # Gloo on torch 2.13 has no abort
+    ("abort_hung_collective_over_lanes", "shm", 2),  # every lane's wait, started by the compiled front
     ("abort_hung_recv", "shm", 2),  # a receive waiting in C on the caller's thread
     # Aborts in every run unless the exit waits for Gloo's workers (gloo_exit); Gloo alone aborts in every
     # run too (torch issue #190489), so it has no Gloo row.

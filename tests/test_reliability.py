@@ -259,8 +259,10 @@ def test_dead_peer_is_reported_when_the_launcher_has_not_reaped_it():
 
 # -- 2. a rank never calls the collective ---------------------------------------------
 
-TIMEOUT_KINDS = ["all_reduce", "broadcast", "all_gather", "barrier"]
+TIMEOUT_KINDS = ["all_reduce", "broadcast", "all_gather", "barrier", "all_reduce_over_lanes"]
 TIMEOUT_S = 3.0
+# The all_reduce over lanes: 4 MiB on three lanes, started by the compiled front (_front.SmallCollectives).
+LANES_NUMEL = 1 << 20
 
 
 @pytest.fixture(scope="module")
@@ -271,8 +273,10 @@ def timeout_jobs():
     on the ranks that got the data without waiting for a missing non-root (MPI
     semantics); the late rank is then caught at the next collective.
     """
-    jobs = {kind: Job("missing_rank", 3, args={"kind": kind, "missing": 2, "timeout": TIMEOUT_S, "numel": 1000,
-                                              "root": 2})
+    jobs = {kind: Job("missing_rank", 3, args={"kind": kind.removesuffix("_over_lanes"), "missing": 2,
+                                              "timeout": TIMEOUT_S, "root": 2,
+                                              "numel": LANES_NUMEL if kind.endswith("_over_lanes") else 1000},
+                      env={"SHMCOLL_THREADS": "3"} if kind.endswith("_over_lanes") else None)
             for kind in TIMEOUT_KINDS}
     for job in jobs.values():
         job.finish(TIMEOUT_S + 20)
@@ -294,15 +298,17 @@ def test_missing_rank_times_out_with_a_clear_message(timeout_jobs, kind):
             problems.append(f"rank {r} raised after {err['elapsed']:.2f} s (timeout {TIMEOUT_S} s)")
         if not names_rank(msg, 2):
             problems.append(f"rank {r}: the message does not name the missing rank 2")
-        if kind.replace("_", "") not in msg.replace("_", "").lower():
-            problems.append(f"rank {r}: the message does not name the collective {kind}")
+        collective = kind.removesuffix("_over_lanes")
+        if collective.replace("_", "") not in msg.replace("_", "").lower():
+            problems.append(f"rank {r}: the message does not name the collective {collective}")
         if not re.search(r"#\s*6\b", msg):
             problems.append(f"rank {r}: the message does not give the sequence number (#6)")
         if kind != "barrier":
             if "float32" not in msg:
                 problems.append(f"rank {r}: the message does not name the dtype (float32)")
-            if not re.search(r"\b1000\b|\b4000 bytes", msg):
-                problems.append(f"rank {r}: the message does not give the count (1000 elements)")
+            numel = LANES_NUMEL if kind.endswith("_over_lanes") else 1000
+            if not re.search(rf"\b{numel}\b|\b{4 * numel} bytes", msg):
+                problems.append(f"rank {r}: the message does not give the count ({numel} elements)")
         assert "RuntimeError" in err["mro"]
     assert not problems, "\n".join(problems) + f"\nmessage: {job.report(0)['error']['message']}"
     assert all(job.exitcode(r) == 0 for r in range(3)), job.logs()
