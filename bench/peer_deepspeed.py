@@ -70,9 +70,12 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per rank (default 1): shm's lanes and DeepSpeed's OpenMP team")
     p.add_argument("--timeout", type=float, default=600, help="process-group timeout, seconds")
+    p.add_argument("--no-gloo", dest="gloo", action="store_false",
+                   help="time shm and DeepSpeed only (Gloo's large points take most of a job's time)")
     args = p.parse_args(argv)
     sweep.resolve_size_and_timing_arguments(p, args)
-    args.backend_names = ["shm", "gloo"]  # sweep.init_groups: shm the default group, Gloo a new_group
+    # sweep.init_groups: shm the default group, Gloo a new_group
+    args.backend_names = ["shm", "gloo"] if args.gloo else ["shm"]
     return args
 
 
@@ -167,10 +170,11 @@ class DeepSpeedAllReduce:
 
 def callers(groups, deepspeed: DeepSpeedAllReduce) -> dict:
     """label -> (tensor -> the call that all-reduces it in place)."""
-    shm_group, gloo_group = groups
+    shm_group, *gloo_group = groups
     return {
         "shm": lambda t: lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=shm_group),
-        "gloo": lambda t: lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=gloo_group),
+        **({"gloo": lambda t: lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=gloo_group[0])}
+           if gloo_group else {}),
         DEEPSPEED: lambda t: lambda: deepspeed.call(t),
     }
 
