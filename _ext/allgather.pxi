@@ -2,6 +2,15 @@
 # Textually included by schedules.pyx (after lines.pxi and steps.pxi); every function runs without the GIL.
 
 
+# Copy ``n`` bytes of an all-gather's output: with streaming stores where its whole output (``size`` blocks of
+# ``out_stride`` bytes; a lane copies a stretch of each) reaches ``stream_bytes`` (shmcoll.streaming).
+cdef inline void copy_out(sched_t *s, Py_ssize_t out_stride, char *dst, const char *src, Py_ssize_t n) noexcept nogil:
+    if out_stride * s.size >= s.stream_bytes:
+        arch.shmcoll_copy_streaming(dst, src, n)
+    else:
+        memcpy(dst, src, n)
+
+
 # Copy every rank's ``nbytes`` at ``addr`` to ``out + rank * out_stride`` on every rank.
 #
 # Step base + c + 1 publishes chunk c of our input; once everyone has, we copy all L chunks out. Wait position
@@ -27,7 +36,7 @@ cdef Py_ssize_t allgather(sched_t *s, uint32_t base, uint64_t desc, char *addr, 
             # In place (the input is our block of the output): nothing to copy. Not the first
             # chunk: the output stays as it was until the peers are known to be in this collective.
             if mine != addr and c > 0:
-                memcpy(mine + start, addr + start, n)
+                copy_out(s, out_stride, mine + start, addr + start, n)
             if all_reached(s, step) >= 0:
                 return c
         if c == 0:
@@ -37,6 +46,6 @@ cdef Py_ssize_t allgather(sched_t *s, uint32_t base, uint64_t desc, char *addr, 
                 memcpy(mine, addr, n)
         for peer in range(size):
             if peer != me:
-                memcpy(out + peer * out_stride + start, slot(s, step, peer), n)
+                copy_out(s, out_stride, out + peer * out_stride + start, slot(s, step, peer), n)
         c += 1
     return STATUS_DONE

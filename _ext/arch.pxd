@@ -1,4 +1,4 @@
-# Declarations of shmcoll_arch.h: atomics, pause, futex, clock and prefetch helpers.
+# Declarations of shmcoll_arch.h: atomics, pause, futex, clock and prefetch helpers, and the streaming copy.
 from libc.stdint cimport uint32_t, uint64_t, int64_t
 
 cdef extern from "shmcoll_arch.h" nogil:
@@ -18,3 +18,4 @@ cdef extern from "shmcoll_arch.h" nogil:
     int shmcoll_reached(uint32_t a, uint32_t b)
     void shmcoll_prefetch(const void *p)
     uint32_t shmcoll_cpu()
+    void shmcoll_copy_streaming(void *dst, const void *src, size_t n)

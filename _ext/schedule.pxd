@@ -64,3 +64,5 @@ ctypedef struct sched_t:
     # The last step this rank posted, and the highest it saw every rank reach (after DONE: the arena
     # records them, Steps.record_schedule; a lane starts its next collective from them).
     uint32_t posted, reached
+    # The least output per rank an all-gather writes with streaming stores (shmcoll.streaming).
+    Py_ssize_t stream_bytes

@@ -25,6 +25,7 @@ lanes, give bitwise identical results on every rank.
 """
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
 from libc.string cimport memcpy
+from cpython.pyport cimport PY_SSIZE_T_MAX
 
 from schedule cimport (kernel_t, task_t, sched_t, MAX_POOL_LANES, STATUS_DONE, STATUS_MISMATCH, STATUS_FAILED,
                        STATUS_SIZES, STATUS_CANCELLED)
@@ -65,6 +66,7 @@ cdef class Schedule:
         self.s.slice_ns = slice_ns
         self.s.posted = 0
         self.s.reached = 0
+        self.s.stream_bytes = PY_SSIZE_T_MAX  # no output streamed until set_streaming
         self.set_waits(spin_ns, yield_ns, yield_company)
 
     def set_waits(self, int64_t spin_ns, int64_t yield_ns, int yield_company):
@@ -72,6 +74,11 @@ cdef class Schedule:
         self.s.spin_ns = spin_ns
         self.s.yield_ns = yield_ns
         self.s.yield_company = yield_company
+
+    def set_streaming(self, Py_ssize_t stream_bytes):
+        """Let all-gathers whose output per rank is at least ``stream_bytes`` write it with streaming stores
+        (``shmcoll.streaming.least_output_bytes``)."""
+        self.s.stream_bytes = stream_bytes
 
     @property
     def posted(self) -> int:

@@ -8,11 +8,15 @@
 #define SHMCOLL_ARCH_H
 
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <linux/futex.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 static inline void shmcoll_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -80,6 +84,36 @@ static inline void shmcoll_futex_wake_all(uint32_t *addr) {
  * permutation. */
 static inline void shmcoll_prefetch(const void *p) {
     __builtin_prefetch(p, 0, 3);
+}
+
+/* memcpy(dst, src, n) with stores that do not read the destination's lines first nor keep them in the caches
+ * (non-temporal): for an output that will not stay in cache anyway, where an ordinary store reads every line
+ * before writing it and so moves three bytes of memory traffic per byte copied instead of two (the 2-core VM:
+ * 64 MiB copied 1.5x as fast, two copies at once 1.8x). Where the CPU has no such stores, memcpy. */
+static inline void shmcoll_copy_streaming(void *dst, const void *src, size_t n) {
+#if defined(__x86_64__)
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (n < head + 64) {
+        memcpy(d, s, n);
+        return;
+    }
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 64; d += 64, s += 64, n -= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    memcpy(d, s, n);
+    _mm_sfence();  /* ordered before the step that tells the peers (or the caller) the data is there */
+#else
+    memcpy(dst, src, n);
+#endif
 }
 
 /* The CPU the calling thread runs on (glibc reads it from rseq where the kernel offers it, else from

@@ -75,6 +75,7 @@ def _info(_args) -> int:
         state = "cold: first group compiles, ~10 s"
     rows.append(("kernel library", f"{library} ({state})"))
     rows.append(("single copy", _single_copy_state(settings)))
+    rows.append(("streaming stores", _streaming_state()))
     # Every setting in effect (README's table gives some defaults only by what they do): the directory and
     # host identity have rows of their own above.
     for field in dataclasses.fields(settings):
@@ -124,10 +125,21 @@ def _constant_rows() -> list[tuple[str, str]]:
     """One row per constant DESIGN names; long values (tables) by their length alone."""
     rows = [("constants", "named in docs/DESIGN.md")]
     for name in NAMED_CONSTANTS:
-        value = repr(named_constant(name))
-        rows.append((f"  {name}", value if len(value) <= 100 else f"{type(named_constant(name)).__name__} of "
-                                                                  f"{len(named_constant(name))}"))
+        value = named_constant(name)
+        text = repr(value)
+        rows.append((f"  {name}", text if len(text) <= 100 else f"{type(value).__name__} of {len(value)}"))
     return rows
+
+
+def _streaming_state() -> str:
+    """Which all-gathers write their output with streaming stores here (shmcoll.streaming)."""
+    from shmcoll import streaming
+
+    cache = streaming.last_level_cache_bytes()
+    if cache <= 0:
+        return "never (the last-level cache's size is unknown)"
+    least = ", ".join(f"{streaming.least_output_bytes(ranks, cache) / 2**20:.1f} MiB at {ranks}" for ranks in (2, 4, 8))
+    return f"last-level cache {cache / 2**20:.0f} MiB: all-gathers of an output per rank from {least} local ranks"
 
 
 def _internals_rows(answers) -> list[tuple[str, str]]:

@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 
 from shmcoll import _schedules, _segment, _single_copy, _state, _sync
-from shmcoll import descriptors, waits
+from shmcoll import descriptors, streaming, waits
 from shmcoll.errors import AttachError, CollectiveError, PeerAttachError, PeerDiedError, ShmcollError
 from shmcoll.waits import STEP_MASK
 
@@ -134,6 +134,7 @@ class Steps(_state.StepCount):
         self.schedule = _schedules.Schedule(lines, self.local_rank, self.local_size, data, scratch, chunk_bytes,
                                          arena.slot_stride, self.budgets.spin_ns, self.budgets.yield_ns,
                                          self.yield_company, _SLICE_NS)
+        self.schedule.set_streaming(arena.stream_bytes)
 
     def set_waits(self, budgets: waits.Budgets) -> None:
         """The budgets of the waits that follow (the futex sleep comes after them)."""
@@ -237,6 +238,9 @@ class Arena(Steps):
         self.watch = waits.Watch(local_rank, ranks, self.timeout_s, self.pid, self._abandoned_by)
         self._lanes: list = []  # the lanes' schedules (lane_schedules), once asked for
         self.single_copy = None  # the single-copy schedules, once the node agreed to use them
+        # The least all-gather output per rank its schedules write with streaming stores (this rank's decision:
+        # it changes no result and no step).
+        self.stream_bytes = streaming.least_output_bytes(local_size)
         super().__init__(self, base + regions.lines, chunk_bytes, self.data, self.scratch)
 
     # -- layout --------------------------------------------------------------
@@ -261,6 +265,7 @@ class Arena(Steps):
                 self._lanes.append(_schedules.Schedule(
                     self._lane_lines + j * size * LINE_BYTES, self.local_rank, size, data,
                     data + (2 * size + self.local_rank) * width, width, width, 0, 0, 0, _SLICE_NS))
+                self._lanes[-1].set_streaming(self.stream_bytes)
             self._set_lane_waits()
         return self._lanes
 

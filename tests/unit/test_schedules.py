@@ -192,6 +192,48 @@ def test_allgather_resume(size, monkeypatch):
 
 
 @pytest.mark.parametrize("size", [2, 3])
+def test_allgather_streamed_gives_the_same_bytes(size, monkeypatch):
+    """An all-gather whose output reaches the streaming threshold (here every one: ``set_streaming(1)``) writes
+    it with streaming stores (shmcoll.streaming): the same bytes at every size, wherever the output starts
+    (the stores need 16-byte alignment, so a head is copied plainly), in place or not, resumed or not."""
+    from shmcoll.algorithms import allgather
+
+    segment, handles = _arenas(size, monkeypatch)
+    for handle in handles:
+        handle.schedule.set_streaming(1)
+    for nbytes in (1, 15, 63, 64, 65, 127, CHUNK, 3 * CHUNK + 5):
+        for offset in (0, 1, 9):
+            inputs = [np.random.default_rng(nbytes + r).integers(0, 255, nbytes, dtype=np.uint8) for r in range(size)]
+            buffers = [np.zeros(size * nbytes + offset, np.uint8) for _ in range(size)]
+            _run_ranks(size, lambda rank: allgather.allgather(handles[rank], inputs[rank].ctypes.data, nbytes,
+                                                              (buffers[rank].ctypes.data + offset, nbytes), 56))
+            for r in range(size):
+                assert np.array_equal(buffers[r][offset:], np.concatenate(inputs)), (nbytes, offset, r)
+                assert not buffers[r][:offset].any()
+            in_place = [np.concatenate([np.zeros(offset, np.uint8)] + [inputs[q] if q == r else
+                                                                       np.zeros(nbytes, np.uint8)
+                                                                       for q in range(size)]) for r in range(size)]
+            _run_ranks(size, lambda rank: allgather.allgather(
+                handles[rank], in_place[rank].ctypes.data + offset + rank * nbytes, nbytes,
+                (in_place[rank].ctypes.data + offset, nbytes), 57))
+            for r in range(size):
+                assert np.array_equal(in_place[r][offset:], np.concatenate(inputs)), (nbytes, offset, r, "in place")
+    del handles
+    segment.close()
+
+
+def test_the_streaming_threshold_follows_the_cache():
+    """An all-gather streams where the node's outputs and inputs outgrow the last-level cache; never where its
+    size is unknown."""
+    from shmcoll import streaming
+
+    assert streaming.least_output_bytes(2, 32 << 20) == (32 << 20) // 3 + 1
+    assert streaming.least_output_bytes(4, 300 << 20) == 60 << 20 | 1
+    assert streaming.least_output_bytes(4, 0) == streaming.NEVER
+    assert streaming.last_level_cache_bytes() >= 0
+
+
+@pytest.mark.parametrize("size", [2, 3])
 @pytest.mark.parametrize("root", [0, 1])
 def test_broadcast_resume(size, root, monkeypatch):
     from shmcoll.algorithms import broadcast
