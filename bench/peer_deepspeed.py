@@ -264,8 +264,8 @@ def write_header(out, machine: dict, ds: dict, args) -> None:
               f"{'s' if len(runtimes) != 1 else ''}: {', '.join(runtimes) or 'none'}"
               + (" (more than one: DeepSpeed's threads may not follow --threads)" if len(runtimes) > 1 else "")
               + "\n")
-    out.write("- backends: shm (default group), gloo (new_group), deepspeed (its op, no group); bookkeeping on "
-              "a separate gloo group\n")
+    out.write(f"- backends: shm (default group), {'gloo (new_group), ' if args.gloo else ''}deepspeed (its op, no "
+              "group); bookkeeping on a separate gloo group\n")
     out.write(f"- method: {args.rounds} rounds per backend of ~{args.iters_time:g} s, the backends taking turns "
               "to go first; latency = median over rounds of the slowest rank's time per call; results checked "
               f"against a local float64 sum first{report.pinning(args)}\n\n")
@@ -378,7 +378,7 @@ def document(args, machine: dict, ds: dict, labels: list[str], rows: list[dict],
             "bench": "peer_deepspeed", "backends": labels, "default_backend": "shm", "deepspeed": ds,
             "ops": [OP], "dtypes": [dtype_name(d) for d in args.dtype_list], "sizes": args.sizes,
             "iters_time_s": args.iters_time, "rounds": args.rounds, "warmup": args.warmup,
-            "order": "rotated each round (shm, gloo, deepspeed; gloo, deepspeed, shm; ...)",
+            "order": f"rotated each round ({', '.join(labels)}; then each next first)",
             "threads": args.threads, "quick": args.quick, "checked": True, "pinned": args.pin,
             "input": "uniform [-1, 1) per rank and point, checked against a local float64 sum",
             **report.CONVENTIONS,
