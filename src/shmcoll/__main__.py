@@ -95,17 +95,17 @@ def _info(_args) -> int:
 # The constants docs/DESIGN.md names instead of quoting their values (tests/unit/test_design_constants.py holds
 # the two to each other): "module.NAME" as DESIGN writes it, and where the module lies under shmcoll.
 NAMED_CONSTANTS = {
-    "_env.GROUP_WIDE": "_env", "_logging._WARN_AFTER_S": "_logging", "_merge.SORTS_AS_TORCH_BELOW": "_merge",
+    "_env.GROUP_WIDE": "_env", "_logging.WARN_AFTER_S": "_logging", "_merge.SORTS_AS_TORCH_BELOW": "_merge",
     "allreduce.ONE_SHOT_RANKS_BYTES": "algorithms.allreduce", "allreduce.ONE_SHOT_STEPS_RANKS": "algorithms.allreduce",
-    "alltoall.TAIL": "placement.across.alltoall", "alltoall._FIRST_ROOM": "placement.across.alltoall",
+    "alltoall.TAIL": "placement.across.alltoall", "alltoall.FIRST_ROOM": "placement.across.alltoall",
     "arena.HEADER_BYTES": "arena", "arena.LINE_BYTES": "arena", "arena.MAX_LANES": "arena",
-    "causes.LEARN_S": "placement.across.causes", "collectives._ABORT_GRACE_S": "collectives",
+    "causes.LEARN_S": "placement.across.causes", "collectives.ABORT_GRACE_S": "collectives",
     "descriptors.KIND_NAMES": "descriptors", "flat.PLAN_TAG": "placement.flat", "gloo_exit.WAIT_S": "gloo_exit",
     "kernel_abi.DTYPES": "kernel_abi", "kernel_abi.DTYPE_TABLE": "kernel_abi",
     "network.EXCHANGE_NODES": "placement.across.network", "node.READ_COST_LIMIT": "placement.node",
     "node.SINGLE_COPY_SPANS": "placement.node", "p2p.MOVE_SLICE_NS": "p2p", "pipeline.DEPTH": "placement.across.pipeline",
-    "single_copy._PROBE_BYTES": "single_copy", "single_copy._TIMED_READS": "single_copy",
-    "sparse.Buffers.KEEP_BYTES": "sparse", "sparse._ROOM_MAX": "sparse", "torch_internals.ITEMS": "torch_internals",
+    "single_copy.PROBE_BYTES": "single_copy", "single_copy.TIMED_READS": "single_copy",
+    "sparse.Buffers.KEEP_BYTES": "sparse", "sparse.ROOM_MAX": "sparse", "torch_internals.ITEMS": "torch_internals",
     "torch_releases.RELEASES": "torch_releases", "waits.LANE_IDLE_SPIN_NS": "waits", "waits.SLICE_NS": "waits",
 }
 

@@ -21,7 +21,7 @@ import os
 log = logging.getLogger("shmcoll")
 
 _TORCH_LEVELS = {"INFO": logging.INFO, "DETAIL": logging.DEBUG}
-_WARN_AFTER_S = 10.0
+WARN_AFTER_S = 10.0
 _configured = False
 
 
@@ -59,4 +59,4 @@ def configure(rank: int) -> None:
 def first_wait_warning(timeout_s: float) -> float:
     """Seconds of waiting after which a wait logs its first warning (then again each time it doubles):
     10 s, or a third of the timeout if that is shorter, so the warning always comes before the timeout."""
-    return min(_WARN_AFTER_S, timeout_s / 3)
+    return min(WARN_AFTER_S, timeout_s / 3)

@@ -597,20 +597,20 @@ class Collectives:
             error = AbortedError(f"rank {self._rank}: this shm process group was aborted")
             self._state.error = self._state.error or error
             placement.abort("abort() was called on this process group")
-            deadline = time.monotonic() + _ABORT_GRACE_S
-            if not (self._engine.abort(error, _ABORT_GRACE_S)
+            deadline = time.monotonic() + ABORT_GRACE_S
+            if not (self._engine.abort(error, ABORT_GRACE_S)
                     and _until(lambda: not self._state.in_collective, deadline)):
                 # A collective still runs (in a Gloo call between nodes, which has no abort): unmapping
                 # under it could crash the process; the mapping goes when the process does.
                 _log.warning("rank %d: abort(): a collective still runs after %g s; the shm arena stays "
-                             "mapped", self._rank, _ABORT_GRACE_S)
+                             "mapped", self._rank, ABORT_GRACE_S)
                 return
             placement.close()
             self._placement = None
 
 
 # How long abort() waits for the collective in progress to notice it: a wait notices within one slice.
-_ABORT_GRACE_S = 5.0
+ABORT_GRACE_S = 5.0
 
 
 def _until(condition, deadline: float | None) -> bool:

@@ -43,8 +43,8 @@ _PR_SET_PTRACER = 0x59616D61
 _YAMA = "/proc/sys/kernel/yama/ptrace_scope"
 # What a rank reads of each peer: the size at which the cost of a read against a copy decides the most
 # (the movement collectives' spans start at a few KiB; from about 256 KiB their time is the bytes').
-_PROBE_BYTES = 256 << 10
-_TIMED_READS = 8  # each timed, the fastest kept: a rank descheduled mid-read must not decide
+PROBE_BYTES = 256 << 10
+TIMED_READS = 8  # each timed, the fastest kept: a rank descheduled mid-read must not decide
 
 
 class Verdict(NamedTuple):
@@ -74,7 +74,7 @@ def agree(store, key: str, rank: int, local_ranks: list[int], settings) -> Verdi
         return Verdict(f"Yama's ptrace_scope is {scope} ({_YAMA}): only an administrator's processes may read "
                        "others")
     me = local_ranks.index(rank)
-    probe = np.full(_PROBE_BYTES, me + 1, dtype=np.uint8)
+    probe = np.full(PROBE_BYTES, me + 1, dtype=np.uint8)
     store.set(f"{key}/{rank}", f"{os.getpid()} {probe.ctypes.data} {os.getppid()}")
     peers = [value.decode().split() for value in store.multi_get([f"{key}/{r}" for r in local_ranks])]
     outcome = "ok"
@@ -103,11 +103,11 @@ def agree(store, key: str, rank: int, local_ranks: list[int], settings) -> Verdi
 
 
 def _probe_peers(peers: list[list[str]], me: int) -> str:
-    got = np.zeros(_PROBE_BYTES, dtype=np.uint8)
+    got = np.zeros(PROBE_BYTES, dtype=np.uint8)
     for peer, (pid, address, _) in enumerate(peers):
         if peer == me:
             continue
-        err = _single_copy.read(int(pid), int(address), got.ctypes.data, _PROBE_BYTES)
+        err = _single_copy.read(int(pid), int(address), got.ctypes.data, PROBE_BYTES)
         if err:
             return f"process_vm_readv of local rank {peer} (pid {pid}) failed: {os.strerror(err)}"
         if not (got == peer + 1).all():
@@ -116,15 +116,15 @@ def _probe_peers(peers: list[list[str]], me: int) -> str:
 
 
 def read_cost(pid: int, address: int) -> float:
-    """How many times longer reading ``_PROBE_BYTES`` of process ``pid`` at ``address`` takes than copying as
+    """How many times longer reading ``PROBE_BYTES`` of process ``pid`` at ``address`` takes than copying as
     many bytes in this process: the fastest of a few of each, interleaved (both on warm pages). The peer's
     buffer must stay readable until this returns; a failed read counts as no gain (infinity)."""
-    into = np.ones(_PROBE_BYTES, dtype=np.uint8)
-    source = np.full(_PROBE_BYTES, 2, dtype=np.uint8)
+    into = np.ones(PROBE_BYTES, dtype=np.uint8)
+    source = np.full(PROBE_BYTES, 2, dtype=np.uint8)
     reads, copies = [], []
-    for _ in range(_TIMED_READS):
+    for _ in range(TIMED_READS):
         start = time.perf_counter_ns()
-        if _single_copy.read(pid, address, into.ctypes.data, _PROBE_BYTES):
+        if _single_copy.read(pid, address, into.ctypes.data, PROBE_BYTES):
             return float("inf")
         reads.append(time.perf_counter_ns() - start)
         start = time.perf_counter_ns()
@@ -138,12 +138,12 @@ def self_check() -> Verdict:
     scope = yama_scope()
     if scope is not None and scope >= 2:
         return Verdict(f"Yama's ptrace_scope is {scope}")
-    probe = np.full(_PROBE_BYTES, 7, dtype=np.uint8)
+    probe = np.full(PROBE_BYTES, 7, dtype=np.uint8)
     read, write = os.pipe()
     child = os.fork()
     if child == 0:  # read the parent, report the errno (and the cost) through the pipe
-        got = np.zeros(_PROBE_BYTES, dtype=np.uint8)
-        err = _single_copy.read(os.getppid(), probe.ctypes.data, got.ctypes.data, _PROBE_BYTES)
+        got = np.zeros(PROBE_BYTES, dtype=np.uint8)
+        err = _single_copy.read(os.getppid(), probe.ctypes.data, got.ctypes.data, PROBE_BYTES)
         answer = err if err else (0 if (got == 7).all() else -1)
         cost = read_cost(os.getppid(), probe.ctypes.data) if answer == 0 else 0.0
         os.write(write, f"{answer} {cost!r}".encode())

@@ -34,7 +34,7 @@ _MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
 _HEADER = 4 + _MAX_DIMS  # nnz, sparse dims, dense dims, dims, then the shape
 # Past this many int64s of indices (1 MiB) a rank's indices take longer to gather than the ranks' meeting
 # costs: the header goes alone and the indices follow.
-_ROOM_MAX = 1 << 17
+ROOM_MAX = 1 << 17
 
 
 def check_op(redop) -> None:
@@ -151,9 +151,9 @@ def _allreduce(tensor: torch.Tensor, placement, rank: int, size: int, buffers: B
 
 def _room_after(headers: list) -> int:
     """The int64s of indices each rank sends with its header next call: this call's largest part, a quarter
-    more (DDP sends gradients of about the same size step after step), at most ``_ROOM_MAX``."""
+    more (DDP sends gradients of about the same size step after step), at most ``ROOM_MAX``."""
     largest = max(h[0] * h[1] for h in headers)
-    return min(largest + largest // 4, _ROOM_MAX)
+    return min(largest + largest // 4, ROOM_MAX)
 
 
 def _sum_kernel(dtype: torch.dtype) -> int | None:

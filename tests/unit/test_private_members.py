@@ -138,3 +138,12 @@ def test_the_rule_finds_a_reach_in_python_and_in_cython():
     assert cython_reaches(['def h(log):\n    return getattr(log, "_cache", None)\n']) == [(0, 2, "log._cache")]
     # a member another file of the same extension defines is its own
     assert cython_reaches(["cdef _lines(a):\n    pass\n", "x = channels._lines(1)\n"]) == []
+
+
+def test_the_constants_info_prints_are_public():
+    """``python -m shmcoll info`` reads the constants DESIGN names by a computed ``getattr`` (``__main__.
+    named_constant``), which the AST rule above cannot see: each must be public in its module."""
+    from shmcoll.__main__ import NAMED_CONSTANTS
+
+    private = [name for name in NAMED_CONSTANTS if any(_is_private(part) for part in name.split(".")[1:])]
+    assert not private, f"info reads private members of other modules: {private}"

@@ -13,7 +13,7 @@ Small messages (every rank sends and receives at most SHMCOLL_SMALL_BYTES) ride
 along: the leaders exchange the data, one message per pair of nodes, and the
 node scatter brings each rank its blocks; only the leaders touch the network.
 Blocks that fit the header's room (at least 1 KiB per rank, more after small calls
-that sent more: ``_FIRST_ROOM``) ride inside the size header itself (one network
+that sent more: ``FIRST_ROOM``) ride inside the size header itself (one network
 round); larger small ones follow it (another round: Gloo receives by rendezvous).
 
 Large ones go straight from rank to rank between nodes, every message posted at
@@ -58,7 +58,7 @@ class Agreed:
         # The last one was large with its predecessor's sizes on every rank: the next moves its blocks at
         # once, taking the sizes to be the same again (``_as_before``).
         self.repeat = False
-        self.room = None  # on a leader: bytes per rank its headers carry (``_FIRST_ROOM``)
+        self.room = None  # on a leader: bytes per rank its headers carry (``FIRST_ROOM``)
 
 
 def alltoall(shape, links, agreed, sends: list[torch.Tensor], recvs: list[torch.Tensor], desc: int) -> None:
@@ -206,7 +206,7 @@ _NO_DATA, _DATA_FOLLOWS, _DATA_INLINE = 0, 1, 2
 # first this much, then what the last all_to_all's busiest rank sent if that one was small, else this
 # much again (every leader derives it from the same verdict, so all agree on it without a word;
 # all_to_alls of one shape, as a model repeats them, then take one round).
-_FIRST_ROOM = 1024
+FIRST_ROOM = 1024
 
 
 def _as_leader(shape, links, agreed, rows: np.ndarray, replies: np.ndarray, cap: int) -> None:
@@ -222,7 +222,7 @@ def _as_leader(shape, links, agreed, rows: np.ndarray, replies: np.ndarray, cap:
     head = 2 * size * _INT64
     table = rows[:, :head].view(np.int64)  # row l: what local rank l sends to each rank, then expects
     totals = table[:, :size].sum(axis=1)
-    room = agreed.room or _FIRST_ROOM
+    room = agreed.room or FIRST_ROOM
     others = [m for m in range(N) if m != node]
     flag = (_NO_DATA if not all(shape.small(int(total)) for total in totals) else
             _DATA_INLINE if _widest(table[:, :size], local, shape) <= room else _DATA_FOLLOWS)
@@ -275,7 +275,7 @@ def _as_leader(shape, links, agreed, rows: np.ndarray, replies: np.ndarray, cap:
                                           and np.array_equal(previous, sends)))
     # A large one's header carries no blocks, and the next all_to_all is likely as large: its room back to
     # the first size, or every header would carry up to SHMCOLL_SMALL_BYTES of nothing per local rank.
-    agreed.room = max(_FIRST_ROOM, min(cap, _widest(sends, range(size), shape))) if small else _FIRST_ROOM
+    agreed.room = max(FIRST_ROOM, min(cap, _widest(sends, range(size), shape))) if small else FIRST_ROOM
     if not len(bad) and verdict.longest and small:
         pieces = {}  # (source, local destination) -> bytes
         for l, source in enumerate(local):
