@@ -3,8 +3,9 @@
 #
 # An 8-byte all-reduce exchanges its data in under a microsecond, and the Python layers in front of the same
 # schedule (the surface's fast path, the inline run's bookkeeping, the placement, the algorithm, the arena's
-# steps) took about four more (bench/bench_floor.py, "shm's own work"), and about thirteen above a chunk on the
-# 2-core VM, where they also split a message over the lanes. Here one call does what those layers do for the
+# steps) took about four more (bench/bench_floor.py, "shm's own work"), and 6-10 at 1 MiB on the 2-core VM
+# (BENCHMARKS.md, "Issue 58 without the device"), more where they split a message over the lanes (a Python
+# call per lane to see how it ended). Here one call does what those layers do for the
 # calls they would run inline on the copy path, on the caller's thread or over the lanes (the pool started in
 # C), and hands every other call back (None) to them. What it may take is decided by the layers it stands for:
 # the plan the general path admitted (``Collectives._admit``), the sizes the placement runs that way and how
