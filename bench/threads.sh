@@ -10,8 +10,8 @@
 #
 # Parts, in order of importance, results under results/threads/. The default PARTS, "peers ceiling ddp", is what
 # issue 58 (many cores, second step) asks in one device call, with BASE (main before the change) beside this
-# build in the peers part; the second call, PARTS="oneshot anomaly small", measures what decides its defaults and
-# where the 2 and 8 MiB time goes. "sweep base ddp peers" was issue 41's acceptance (its time: BENCHMARKS.md, "The
+# build in the peers part; the second call, PARTS="prefill oneshot anomaly", measures the layers users run, what
+# decides the defaults and where the 2 and 8 MiB time goes. "sweep base ddp peers" was issue 41's acceptance (its time: BENCHMARKS.md, "The
 # third device session"); the other parts answer the questions after it: PARTS="single pinned split nodes"
 # (PARTS=all: every part, in this order):
 #   small    per layout of SMALL_LAYOUTS (default "2x1 4x1": every rank on a core of its own), the 8-byte
@@ -29,6 +29,9 @@
 #            of PEER_LAYOUTS (default: LAYOUTS), 8 B-64 MiB, float32 and bfloat16, twice (the acceptance's second
 #            job, without Gloo); with BASE, BASE's build the same way after each (without Gloo); skipped with a
 #            note where DeepSpeed is not installed
+#   prefill  per layout of LAYOUTS: tensor-parallel prefill layers (bench/bench_prefill.py: a matrix product on the
+#            rank's threads, then the all-reduce of 128 KiB-8 MiB of bfloat16), shm against DeepSpeed, where the
+#            computation before each all-reduce leaves shm's lane threads asleep and DeepSpeed's OpenMP team warm
 #   ceiling  per layout of LAYOUTS: all_gather_into_tensor and reduce_scatter_tensor of 16 and 64 MiB, float32 and
 #            bfloat16, shm only, with the copy ceiling (every rank copying 64 MiB with copy_ at once) in the same
 #            job: what fraction of it the copy path reaches
@@ -62,7 +65,7 @@ ONESHOT_LAYOUTS=${ONESHOT_LAYOUTS:-$LAYOUTS}
 NODE_LAYOUT=${NODE_LAYOUT:-2x4}
 SMALL_LAYOUTS=${SMALL_LAYOUTS:-"2x1 4x1"}
 PARTS=${PARTS:-"peers ceiling ddp"}
-[ "$PARTS" = all ] && PARTS="peers ceiling ddp oneshot anomaly small sweep base split single pinned nodes"
+[ "$PARTS" = all ] && PARTS="peers ceiling ddp prefill oneshot anomaly small sweep base split single pinned nodes"
 OUT=${RESULTS:-results/threads}
 mkdir -p "$OUT"
 first=${LAYOUTS%% *}
@@ -147,6 +150,12 @@ if wants split; then
     for bytes in 8K 16K 64K; do
         SHMCOLL_THREAD_BYTES=$bytes sweep "$first" "split-$bytes" --backends shm --min-bytes 64K --max-bytes 1M \
             --step 4 --memcpy-time 0.1
+    done
+fi
+if wants prefill; then
+    for layout in $LAYOUTS; do
+        echo "== prefill layers at $layout" >&2
+        run "$layout" bench/bench_prefill.py --no-gloo --json "$OUT/prefill-$layout.json" | tee "$OUT/prefill-$layout.txt"
     done
 fi
 if wants oneshot; then
