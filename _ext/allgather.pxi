@@ -43,7 +43,7 @@ cdef Py_ssize_t allgather(sched_t *s, uint32_t base, uint64_t desc, char *addr, 
             if _first_mismatch(s.lines, 0, size, step, desc) >= 0:
                 return STATUS_MISMATCH
             if mine != addr:
-                memcpy(mine, addr, n)
+                copy_out(s, out_stride, mine, addr, n)
         for peer in range(size):
             if peer != me:
                 copy_out(s, out_stride, out + peer * out_stride + start, slot(s, step, peer), n)

@@ -35,7 +35,7 @@ ctypedef void (*pool_for_t)(void *pool, int lanes, task_t task, void *ctx, Py_ss
                             Py_ssize_t align) noexcept nogil
 
 # ``pool_start`` by address (the pool lives in _schedules, the compiled front in _front): one collective of
-# ``kind`` (lanes.pxi's KIND_*) over the first ``lanes`` lanes of ``pool``, as ``Pool.start`` runs it; 2 once
+# ``kind`` (shmcoll/_schedules.pxd's KIND_*) over the first ``lanes`` lanes of ``pool``, as ``Pool.start`` runs it; 2 once
 # every lane ended DONE, 1 once every lane ended otherwise (``shmcoll.lanes.Lanes.finish`` raises), 0 when a
 # wait outlasted its slice (``Lanes.finish`` settles it).
 ctypedef int (*pool_start_t)(void *pool, int kind, int lanes, uint64_t desc, uintptr_t addr, uintptr_t out,

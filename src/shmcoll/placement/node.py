@@ -212,10 +212,12 @@ class OneNode(OnArena):
         if count == 0:  # still a collective: a rank that brings data must not wait alone
             return barrier.barrier(self.arena, desc)
         work = staged(flat)
-        if count * itemsize <= self.one_shot_bytes:
-            self.one_shot(work, count, red, desc)
+        nbytes = count * itemsize
+        if nbytes > self.one_shot_bytes and self._single_copy("all_reduce", nbytes):
+            allreduce.single_copy(self.arena, work.data_ptr(), count, itemsize, red.kernel, red.op.kernel, red.scale,
+                                  desc, lanes=self._single_copy_lanes(nbytes))
         else:
-            self._chunked(work, red, desc)
+            self._run_route(work.data_ptr(), count, itemsize, red, desc, *self.allreduce_route(nbytes))
         unstage(flat, work)
 
     def one_shot(self, tensor: torch.Tensor, count: int, red: ops.Reduction, desc: int) -> None:
@@ -242,16 +244,14 @@ class OneNode(OnArena):
         if self.rank == root:
             unstage(flat, work)
 
-    def _chunked(self, work: torch.Tensor, red: ops.Reduction, desc: int, root: int | None = None) -> None:
-        """All-reduce (or reduce to ``root``) the contiguous ``work`` in place above the one-step limit, by
-        single copy in its span, else by its route (a reduce: chunked, over the lanes its size calls for)."""
+    def _chunked(self, work: torch.Tensor, red: ops.Reduction, desc: int, root: int) -> None:
+        """Reduce the contiguous ``work`` to ``root`` in place: by single copy in its span, else chunked, over
+        the lanes its size calls for."""
         addr, itemsize = work.data_ptr(), work.element_size()
         nbytes = work.numel() * itemsize
-        if self._single_copy("all_reduce" if root is None else "reduce", nbytes):
+        if self._single_copy("reduce", nbytes):
             return allreduce.single_copy(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
                                          red.scale, desc, root, self._single_copy_lanes(nbytes))
-        if root is None:
-            return self._run_route(addr, work.numel(), itemsize, red, desc, *self.allreduce_route(nbytes))
         lanes = self.lanes.for_bytes(nbytes)
         if lanes > 1:
             return self.lanes.run(_lanes.CHUNKED, lanes, desc, work.numel(), itemsize, addr, kernel=red.kernel,
