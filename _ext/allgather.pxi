@@ -2,27 +2,35 @@
 # Textually included by schedules.pyx (after lines.pxi and steps.pxi); every function runs without the GIL.
 
 
+# Where rank r's block of an all-gather's output starts: ``out + r * out_stride`` for one output tensor, or
+# ``out + blocks[r]`` for one tensor per rank (the list form: ``blocks`` holds their addresses and ``out`` is
+# 0). A lane adds the offset of its stretch to ``out``.
+cdef inline char *block_at(char *out, Py_ssize_t out_stride, const uintptr_t *blocks, int r) noexcept nogil:
+    return out + <Py_ssize_t>blocks[r] if blocks != NULL else out + r * out_stride
+
+
 # Copy ``n`` bytes of an all-gather's output: with streaming stores where its whole output (``size`` blocks of
-# ``out_stride`` bytes; a lane copies a stretch of each) reaches ``stream_bytes`` (shmcoll.streaming).
-cdef inline void copy_out(sched_t *s, Py_ssize_t out_stride, char *dst, const char *src, Py_ssize_t n) noexcept nogil:
-    if out_stride * s.size >= s.stream_bytes:
+# ``block_bytes``; a lane copies a stretch of each) reaches ``stream_bytes`` (shmcoll.streaming).
+cdef inline void copy_out(sched_t *s, Py_ssize_t block_bytes, char *dst, const char *src, Py_ssize_t n) noexcept nogil:
+    if block_bytes * s.size >= s.stream_bytes:
         arch.shmcoll_copy_streaming(dst, src, n)
     else:
         memcpy(dst, src, n)
 
 
-# Copy every rank's ``nbytes`` at ``addr`` to ``out + rank * out_stride`` on every rank.
+# Copy every rank's ``nbytes`` at ``addr`` to its block of the output (``block_at``) on every rank;
+# ``out_stride`` is also the blocks' span for ``copy_out`` (a list form's block bytes).
 #
 # Step base + c + 1 publishes chunk c of our input; once everyone has, we copy all L chunks out. Wait position
 # c waits for step base + c + 1; ``resume`` as in ``chunked``. Data movement only: no kernel, but the same loop
 # in C saves a Python round per chunk.
 cdef Py_ssize_t allgather(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t nbytes, char *out,
-                           Py_ssize_t out_stride, Py_ssize_t resume) noexcept nogil:
+                           Py_ssize_t out_stride, const uintptr_t *blocks, Py_ssize_t resume) noexcept nogil:
     cdef Py_ssize_t c = 0 if resume < 0 else resume
     cdef Py_ssize_t start, n
     cdef uint32_t step
     cdef int peer, me = s.me, size = s.size
-    cdef char *mine = out + me * out_stride
+    cdef char *mine = block_at(out, out_stride, blocks, me)
     while c * s.chunk_bytes < nbytes:
         start = c * s.chunk_bytes
         n = s.chunk_bytes if nbytes - start > s.chunk_bytes else nbytes - start
@@ -46,6 +54,6 @@ cdef Py_ssize_t allgather(sched_t *s, uint32_t base, uint64_t desc, char *addr, 
                 copy_out(s, out_stride, mine, addr, n)
         for peer in range(size):
             if peer != me:
-                copy_out(s, out_stride, out + peer * out_stride + start, slot(s, step, peer), n)
+                copy_out(s, out_stride, block_at(out, out_stride, blocks, peer) + start, slot(s, step, peer), n)
         c += 1
     return STATUS_DONE

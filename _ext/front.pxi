@@ -48,10 +48,10 @@ cdef class _Resume:
 
 
 cdef class SmallCollectives:
-    """The group's all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor run here, where a
-    call is plain contiguous CPU tensors of a plan admitted before, of a size the placement runs on the copy
-    path (``compiled_bytes``), synchronous, or asynchronous of at most ``async_try_bytes`` and on one lane,
-    with nothing queued, no profiler, no DEBUG log and no earlier error; else None.
+    """The group's all_reduce, broadcast, all_gather (into one tensor, or the list form) and reduce_scatter_tensor
+    run here, where a call is plain contiguous CPU tensors of a plan admitted before, of a size the placement
+    runs on the copy path (``compiled_bytes``), synchronous, or asynchronous of at most ``async_try_bytes`` and
+    on one lane, with nothing queued, no profiler, no DEBUG log and no earlier error; else None.
 
     It keeps the group's bookkeeping as ``Collectives._run`` does (its ``GroupState``). A wait that outlasts its
     slice, or a peer in another collective, goes to the Python functions that settle it the slow way
@@ -86,6 +86,7 @@ cdef class SmallCollectives:
     cdef Py_ssize_t split_bytes, align_bytes  # its ``split_bytes`` (capped), and where its stretches start
     cdef pool_start_t pool_start  # its pool, once started (``Lanes.starter``)
     cdef void *pool
+    cdef uintptr_t *blocks  # the list form of all_gather: its outputs' addresses, one per rank (allgather.pxi)
     cdef readonly Py_ssize_t taken  # calls this path ran (tests check which path ran)
 
     def __init__(self, *, GroupState state, Backlog backlog, DebugSwitch debug, steps, Schedule schedule,
@@ -94,6 +95,9 @@ cdef class SmallCollectives:
                  finish_one_shot, finish_run, finish_barrier, finish_later, tensor_type, strided, error_type,
                  profiling, barrier_options, uint64_t barrier_desc, option_offsets, completed_type,
                  shared_completed, wrappers):
+        self.blocks = <uintptr_t *>malloc(schedule.s.size * sizeof(uintptr_t))
+        if self.blocks == NULL:
+            raise MemoryError()
         self.state = state
         self.backlog = backlog
         self.debug = debug
@@ -138,6 +142,9 @@ cdef class SmallCollectives:
         self.completed_type = completed_type
         self.shared_completed = shared_completed
         self.wrappers = wrappers
+
+    def __dealloc__(self):
+        free(self.blocks)
 
     # -- what every call checks ------------------------------------------------
 
@@ -285,7 +292,7 @@ cdef class SmallCollectives:
 
     cdef object _on_lanes(self, int kind, int lanes, uint64_t desc, uintptr_t addr, uintptr_t out,
                           Py_ssize_t count, Py_ssize_t itemsize, Py_ssize_t block_stride, Py_ssize_t out_stride,
-                          uintptr_t kernel, int64_t op, double scale, int root, result, inputs):
+                          uintptr_t blocks, uintptr_t kernel, int64_t op, double scale, int root, result, inputs):
         """A synchronous call over ``lanes`` (>= 2) lanes as ``Lanes.run`` makes it: a step of the arena's own
         posted with its descriptor (it writes no buffer), then the pool started in C; lanes that did not all
         end DONE within the first slice go to ``Lanes.finish``, which settles them or raises."""
@@ -301,7 +308,7 @@ cdef class SmallCollectives:
         self.steps.step = fence
         with nogil:
             ended = self.pool_start(self.pool, kind, lanes, desc, addr, out, count, itemsize, align, block_stride,
-                                    out_stride, <kernel_t>kernel, op, scale, root)
+                                    out_stride, blocks, <kernel_t>kernel, op, scale, root)
         if ended == 2:
             self.state.in_collective = False
         else:
@@ -356,8 +363,8 @@ cdef class SmallCollectives:
         kind, lanes = self.allreduce_route(nbytes)
         cdef Py_ssize_t itemsize = entry[2]
         if lanes > 1:
-            return None if async_op else self._on_lanes(kind, lanes, desc, addr, 0, count, itemsize, 0, 0, entry[3],
-                                                        op, scale, -1, tensors, tensors)
+            return None if async_op else self._on_lanes(kind, lanes, desc, addr, 0, count, itemsize, 0, 0, 0,
+                                                        entry[3], op, scale, -1, tensors, tensors)
         if kind != KIND_ONE_SHOT_STEPS and kind != KIND_CHUNKED:
             return None  # one step on one lane: below one_step_bytes, never here
         cdef int64_t base = self.steps.step
@@ -422,7 +429,7 @@ cdef class SmallCollectives:
         cdef uintptr_t addr = tensor.data_ptr()
         if nbytes >= self.split_bytes:
             return None if async_op else self._on_lanes(KIND_BROADCAST, self.lanes.for_bytes(nbytes), desc, addr, 0,
-                                                        nbytes, 1, 0, 0, 0, 0, 1.0, <int>root, tensors, tensors)
+                                                        nbytes, 1, 0, 0, 0, 0, 0, 1.0, <int>root, tensors, tensors)
         cdef Py_ssize_t status
         cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)
@@ -443,26 +450,77 @@ cdef class SmallCollectives:
         entry = self._entry(_ALLGATHER, dtype, 0)
         if entry is None:
             return None
-        cdef Py_ssize_t count = input.numel(), nbytes = count * <Py_ssize_t>entry[2]
+        cdef Py_ssize_t count = input.numel()
         cdef bint async_op = self._async_op(_ALLGATHER, opts)
-        if (count <= 0 or count > <Py_ssize_t>entry[1] or output.numel() != count * self.size
-                or (async_op and nbytes > self.async_try_bytes) or not self._may_start()):
+        if (not self._gathers(entry, count, async_op) or output.numel() != count * self.size
+                or not self._may_start()):
             return None
+        return self._allgather(entry, count, async_op, input.data_ptr(), output.data_ptr(), False, [output], [input])
+
+    def allgather(self, output_lists, input_tensors, opts):
+        """``group.allgather([outputs], [input], opts)``, the list form (one output tensor per rank), as
+        ``allgather_into`` runs the other; or None."""
+        if (type(opts) is not self.options[_ALLGATHER] or type(input_tensors) is not list or len(input_tensors) != 1
+                or type(output_lists) is not list or len(output_lists) != 1):
+            return None
+        input, outputs = input_tensors[0], output_lists[0]
+        if type(outputs) is not list or len(outputs) != self.size or not self._plain(input):
+            return None
+        dtype = input.dtype
+        entry = self._entry(_ALLGATHER, dtype, 0)
+        if entry is None:
+            return None
+        cdef Py_ssize_t count = input.numel()
+        cdef bint async_op = self._async_op(_ALLGATHER, opts)
+        if not self._gathers(entry, count, async_op):
+            return None
+        cdef int r
+        for r in range(self.size):
+            output = outputs[r]
+            if not self._plain(output) or output.dtype is not dtype or output.numel() != count:
+                return None
+            self.blocks[r] = output.data_ptr()
+        if not self._may_start():
+            return None
+        return self._allgather(entry, count, async_op, input.data_ptr(), 0, True, output_lists, [input])
+
+    cdef inline bint _gathers(self, tuple entry, Py_ssize_t count, bint async_op):
+        """Whether an all-gather of ``count`` elements per rank is this path's (its size, and its hand-off)."""
+        return (0 < count <= <Py_ssize_t>entry[1]
+                and not (async_op and count * <Py_ssize_t>entry[2] > self.async_try_bytes))
+
+    cdef object _allgather(self, tuple entry, Py_ssize_t count, bint async_op, uintptr_t addr, uintptr_t out,
+                           bint listed, result, inputs):
+        """An all-gather into one output at ``out``, or (``listed``) into those whose addresses are in
+        ``blocks``."""
+        cdef Py_ssize_t nbytes = count * <Py_ssize_t>entry[2]
+        cdef const uintptr_t *blocks = self.blocks if listed else NULL
         cdef int64_t base = self.steps.step
         cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
-        cdef uintptr_t addr = input.data_ptr(), out = output.data_ptr()
         if nbytes >= self.split_bytes:
             return None if async_op else self._on_lanes(KIND_ALLGATHER, self.lanes.for_bytes(nbytes), desc, addr, out,
-                                                        nbytes, 1, 0, nbytes, 0, 0, 1.0, -1, [output], [input])
+                                                        nbytes, 1, 0, nbytes, <uintptr_t>blocks, 0, 0, 1.0, -1,
+                                                        result, inputs)
         cdef Py_ssize_t status
         cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)
         with nogil:
-            status = allgather(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, <char *>out, nbytes, -1)
+            status = allgather(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, <char *>out, nbytes,
+                               blocks, -1)
         self.schedule.s.slice_ns = slice_ns
-        return self._ran(status, base, desc, None if status == STATUS_DONE else
-                         _Resume(self.schedule.allgather, (desc, addr, nbytes, out, nbytes)), [output], [input],
-                         async_op)
+        if status == STATUS_DONE:
+            rest = None
+        elif listed:  # the table as it is now, for as long as the rest runs (``_listed_rest``)
+            rest = _Resume(self._listed_rest, (desc, addr, nbytes,
+                                               PyBytes_FromStringAndSize(<char *>blocks, self.size * sizeof(uintptr_t))))
+        else:
+            rest = _Resume(self.schedule.allgather, (desc, addr, nbytes, out, nbytes, 0))
+        return self._ran(status, base, desc, rest, result, inputs, async_op)
+
+    def _listed_rest(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, bytes table,
+                     Py_ssize_t resume):
+        """A schedule call of the rest of a list-form all_gather whose outputs' addresses ``table`` keeps."""
+        return self.schedule.allgather(base, desc, addr, nbytes, 0, nbytes, <uintptr_t><const char *>table, resume)
 
     def reduce_scatter(self, output, input, opts):
         """``group.reduce_scatter_single(output, input, opts)`` on the copy path, on this thread or over the lanes;
@@ -488,8 +546,8 @@ cdef class SmallCollectives:
         cdef double scale = entry[5]
         if count * itemsize >= self.split_bytes:
             return None if async_op else self._on_lanes(KIND_REDUCE_SCATTER, self.lanes.for_bytes(count * itemsize),
-                                                        desc, addr, out, count, itemsize, count, 0, kernel, op, scale,
-                                                        -1, [output], [input])
+                                                        desc, addr, out, count, itemsize, count, 0, 0, kernel, op,
+                                                        scale, -1, [output], [input])
         cdef Py_ssize_t status
         cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)

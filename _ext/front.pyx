@@ -3,13 +3,15 @@
 
     options.pxi   field_offset: where c10d's options keep a field, read here in C
     callers.pxi   whose code called: who may get the shared completed Work
-    front.pxi     SmallCollectives: all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor and
+    front.pxi     SmallCollectives: all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor and
                   the barrier, on the caller's thread or over the lanes
 
 The schedules it runs are schedules.pyx's (shmcoll/_schedules.pxd), the state it keeps state.pyx's
 (shmcoll/_state.pxd).
 """
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 from schedule cimport kernel_t, pool_start_t, STATUS_DONE

@@ -56,6 +56,7 @@ ctypedef struct job_t:
     Py_ssize_t block_stride  # reduce-scatter: items from one block to the next
     bint direct  # reduce-scatter: the output is apart from the input (reduce_scatter.pxi)
     Py_ssize_t out_stride  # all-gather: bytes from one rank's block of the output to the next
+    uintptr_t blocks  # all-gather: a table of its blocks' addresses (the list form), or 0 (allgather.pxi)
     kernel_t kernel
     int64_t op
     double scale
@@ -118,7 +119,8 @@ cdef Py_ssize_t _call(job_t *job, lane_t *lane, Py_ssize_t resume) noexcept nogi
                               <char *>(job.out + lane.lo * size), job.direct, job.kernel, job.op, job.scale,
                               resume)
     if job.kind == KIND_ALLGATHER:
-        return allgather(s, lane.base, job.desc, addr, n, <char *>(job.out + lane.lo), job.out_stride, resume)
+        return allgather(s, lane.base, job.desc, addr, n, <char *>(job.out + lane.lo), job.out_stride,
+                         <const uintptr_t *>job.blocks, resume)
     return broadcast(s, lane.base, job.desc, addr, n, job.root, resume)
 
 
@@ -286,7 +288,8 @@ cdef void pool_for(void *memory, int lanes, task_t task, void *ctx, Py_ssize_t c
 
 cdef int pool_start(void *memory, int kind, int lanes, uint64_t desc, uintptr_t addr, uintptr_t out,
                     Py_ssize_t count, Py_ssize_t itemsize, Py_ssize_t align, Py_ssize_t block_stride,
-                    Py_ssize_t out_stride, kernel_t kernel, int64_t op, double scale, int root) noexcept nogil:
+                    Py_ssize_t out_stride, uintptr_t blocks, kernel_t kernel, int64_t op, double scale,
+                    int root) noexcept nogil:
     """One collective over the first ``lanes`` (1 to the pool's count) lanes of the pool at ``memory``: lane j
     takes the j-th of ``lanes`` stretches of [0, ``count``) items, each starting at a multiple of ``align``
     items; the caller's thread runs lane 0 until a wait of it outlasts a slice, then joins the workers for at
@@ -295,6 +298,7 @@ cdef int pool_start(void *memory, int kind, int lanes, uint64_t desc, uintptr_t 
     cdef int j
     pool.job.kind, pool.job.desc, pool.job.addr, pool.job.out = kind, desc, addr, out
     pool.job.itemsize, pool.job.block_stride, pool.job.out_stride = itemsize, block_stride, out_stride
+    pool.job.blocks = blocks
     pool.job.kernel, pool.job.op, pool.job.scale, pool.job.root = kernel, op, scale, root
     pool.job.direct = apart(out, addr, count, block_stride, itemsize, pool.lanes[0].s.size)
     _fan_out(pool, lanes, count, align)
@@ -351,7 +355,7 @@ cdef class Pool:
 
     def start(self, int kind, int lanes, uint64_t desc, uintptr_t addr, uintptr_t out, Py_ssize_t count,
               Py_ssize_t itemsize, Py_ssize_t align, Py_ssize_t block_stride, Py_ssize_t out_stride,
-              uintptr_t kernel, int64_t op, double scale, int root):
+              uintptr_t blocks, uintptr_t kernel, int64_t op, double scale, int root):
         """Run one collective over its first ``lanes`` lanes: lane j takes the j-th of ``lanes`` stretches of
         [0, ``count``) items, each starting at a multiple of ``align`` items. Returns True once every lane has
         ended; False when a wait outlasted a slice (``advance`` goes on)."""
@@ -360,7 +364,7 @@ cdef class Pool:
             raise ValueError(f"{lanes} lanes of a pool of {self.count}")
         with nogil:
             ended = pool_start(self.pool, kind, lanes, desc, addr, out, count, itemsize, align, block_stride,
-                               out_stride, <kernel_t>kernel, op, scale, root)
+                               out_stride, blocks, <kernel_t>kernel, op, scale, root)
         return ended > 0
 
     def starter(self):

@@ -40,8 +40,8 @@ ctypedef void (*pool_for_t)(void *pool, int lanes, task_t task, void *ctx, Py_ss
 # wait outlasted its slice (``Lanes.finish`` settles it).
 ctypedef int (*pool_start_t)(void *pool, int kind, int lanes, uint64_t desc, uintptr_t addr, uintptr_t out,
                              Py_ssize_t count, Py_ssize_t itemsize, Py_ssize_t align, Py_ssize_t block_stride,
-                             Py_ssize_t out_stride, kernel_t kernel, int64_t op, double scale,
-                             int root) noexcept nogil
+                             Py_ssize_t out_stride, uintptr_t blocks, kernel_t kernel, int64_t op,
+                             double scale, int root) noexcept nogil
 
 # What a schedule call returns. A value >= 0 is the position p of a wait whose slice expired: resume from p
 # once every rank has reached step base + p + 1 (shmcoll.algorithms.schedule).

@@ -127,10 +127,12 @@ cdef class Schedule:
         return status
 
     def allgather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, uintptr_t out,
-                  Py_ssize_t out_stride, Py_ssize_t resume):
+                  Py_ssize_t out_stride, uintptr_t blocks, Py_ssize_t resume):
+        """``blocks``: the address of a table of one output address per rank (uint64), or 0 (allgather.pxi)."""
         cdef Py_ssize_t status
         with nogil:
-            status = allgather(&self.s, base, desc, <char *>addr, nbytes, <char *>out, out_stride, resume)
+            status = allgather(&self.s, base, desc, <char *>addr, nbytes, <char *>out, out_stride,
+                               <const uintptr_t *>blocks, resume)
         return status
 
     def broadcast(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root,

@@ -68,7 +68,7 @@ def calls(arena, lanes, n: int, nbytes: int, data, out, entry):
             "all_reduce": lambda: allreduce.reduce_scatter_allgather(arena, a, count, 4, entry, kernels.SUM, 1.0, 1),
             "reduce_scatter": lambda: reduce_scatter.reduce_scatter(arena, a, count, 4, entry, kernels.SUM, 1.0, o, 2,
                                                                     block_stride=count),
-            "all_gather": lambda: allgather.allgather_strided(arena, a, nbytes, o, nbytes, 3),
+            "all_gather": lambda: allgather.allgather(arena, a, nbytes, (o, nbytes), 3),
             "broadcast": lambda: broadcast.broadcast(arena, a, nbytes, 0, 4),
         }
     return {

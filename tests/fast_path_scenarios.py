@@ -21,7 +21,7 @@ class Subclass(torch.Tensor):
 # (collective, dtype, op name) of the calls each variant is made of
 CALLS = (("all_reduce", torch.float32, "sum"), ("all_reduce", torch.int32, "max"),
          ("reduce_scatter_tensor", torch.bfloat16, "sum"), ("broadcast", torch.float64, None),
-         ("all_gather_into_tensor", torch.int16, None))
+         ("all_gather_into_tensor", torch.int16, None), ("all_gather", torch.float16, None))
 OVERLAP_PAYS = 300_001  # above the one-shot limit and the inline asynchronous size: overlap pays
 # (count, asynchronous, tensor type, whether the fast path takes it once admitted), in order: the first admits
 VARIANTS = ((7, False, torch.Tensor, False), (7, False, torch.Tensor, True), (1, True, torch.Tensor, True),
@@ -32,8 +32,10 @@ EVERY_OP_DTYPES = (torch.float32, torch.int32)
 REDUCING = ("all_reduce", "reduce_scatter_tensor")
 LATE_PEER_CALLS = tuple(call for call in CALLS if call != ("all_reduce", torch.int32, "max"))
 BARRIERS = ((False, False), (True, False), (False, True))  # (asynchronous, a late peer)
-# The cases besides those tables: every root of a broadcast, and async Works of their own.
-OTHER_CASES = _EVERY_ROOT, _WORKS_OWN = ("fast_path/every_root", "fast_path/async_works_own")
+# The cases besides those tables: every root of a broadcast, async Works of their own, and a list-form
+# all_gather whose asynchronous call a late peer leaves to the progress thread.
+OTHER_CASES = _EVERY_ROOT, _WORKS_OWN, _LATE_LISTED = ("fast_path/every_root", "fast_path/async_works_own",
+                                                      "fast_path/all_gather/late_peer_async")
 
 
 def fast_paths(cases):
@@ -82,8 +84,18 @@ def fast_paths(cases):
         everyone = torch.cat([make_input(case, r, dtype, count) for r in range(world)])
         assert_equal(out.as_subclass(torch.Tensor), everyone, case)
 
+    def all_gather_listed(case, dtype, count, op_name, async_op, make=torch.Tensor):
+        # the list form, its outputs apart (each its own tensor), in place for this rank's
+        outs = [torch.zeros(count, dtype=dtype).as_subclass(make) for _ in range(world)]
+        outs[rank].copy_(make_input(case, rank, dtype, count))
+        work = dist.all_gather(outs, outs[rank], async_op=async_op)
+        if async_op:
+            own_work(case, work)
+        for r in range(world):
+            assert_equal(outs[r].as_subclass(torch.Tensor), make_input(case, r, dtype, count), f"{case} block {r}")
+
     calls = {"all_reduce": all_reduce, "reduce_scatter_tensor": reduce_scatter, "broadcast": broadcast,
-             "all_gather_into_tensor": all_gather}
+             "all_gather_into_tensor": all_gather, "all_gather": all_gather_listed}
 
     # On one node, the calls of the fast paths that one C schedule call on one lane runs go whole through
     # compiled code (shmcoll._front.SmallCollectives), which keeps the group's bookkeeping
@@ -91,7 +103,7 @@ def fast_paths(cases):
     compiled = getattr(pg._small, "taken", None)
     compiled_bytes = getattr(pg.placement, "compiled_bytes", {})
     placement_kind = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
-                      "broadcast": "broadcast", "all_gather_into_tensor": "all_gather"}
+                      "broadcast": "broadcast", "all_gather_into_tensor": "all_gather", "all_gather": "all_gather"}
 
     for name, dtype, op_name in CALLS:
         call = calls[name]
@@ -100,6 +112,8 @@ def fast_paths(cases):
 
             if count == OVERLAP_PAYS:  # one rank runs everything inline (placement.single): it has nothing to overlap
                 fast = pg.placement.async_inline
+            if name == "all_gather" and compiled is None:  # the list form has no Python fast path
+                fast = False
 
             def run():
                 launches.clear()
@@ -191,6 +205,25 @@ def fast_paths(cases):
         call = calls[name]
         case = f"fast_path/{name}/late_peer"
         cases.run(case, late_peer)
+
+    def late_peer_listed_async():
+        # The compiled path's list form left to the progress thread: the rest reads the outputs' addresses
+        # after the call has returned, and a later call of the same form must not change where they go.
+        if rank == world - 1:
+            time.sleep(0.35)
+        before = pg._small.taken if compiled is not None else 0
+        outs = [torch.zeros(9, dtype=torch.float16) for _ in range(world)]
+        work = dist.all_gather(outs, make_input(_LATE_LISTED, rank, torch.float16, 9), async_op=True)
+        later = [torch.zeros(9, dtype=torch.float16) for _ in range(world)]
+        dist.all_gather(later, make_input(f"{_LATE_LISTED}/later", rank, torch.float16, 9))
+        work.wait()
+        for r in range(world):
+            assert_equal(outs[r], make_input(_LATE_LISTED, r, torch.float16, 9), f"{_LATE_LISTED} block {r}")
+            assert_equal(later[r], make_input(f"{_LATE_LISTED}/later", r, torch.float16, 9), f"later block {r}")
+        if compiled_bytes and world > 1:
+            assert pg._small.taken >= before + 1, f"{_LATE_LISTED}: the compiled path did not take the call"
+
+    cases.run(_LATE_LISTED, late_peer_listed_async)
 
     # The barrier takes the compiled path from its first call (it has no plan to admit); a late peer's barrier
     # must still hold everyone back (finish of shmcoll.algorithms.barrier, after the first slice).

@@ -21,7 +21,7 @@ cdef Py_ssize_t reduce_scatter(sched_t *s, uint32_t base, uint64_t desc, char *a
                                Py_ssize_t block_stride, int itemsize, char *out, bint direct, kernel_t kernel,
                                int64_t op, double scale, Py_ssize_t resume) noexcept nogil
 cdef Py_ssize_t allgather(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t nbytes, char *out,
-                          Py_ssize_t out_stride, Py_ssize_t resume) noexcept nogil
+                          Py_ssize_t out_stride, const uintptr_t *blocks, Py_ssize_t resume) noexcept nogil
 cdef Py_ssize_t broadcast(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t nbytes, int root,
                           Py_ssize_t resume) noexcept nogil
 cdef Py_ssize_t barrier(sched_t *s, uint32_t step, uint64_t desc) noexcept nogil

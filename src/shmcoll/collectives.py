@@ -100,7 +100,7 @@ class Collectives:
         self._placement = placement.create(store, rank, size, timeout, self._settings, self.describe_current)
         self._sparse_buffers = sparse.Buffers()  # empty until a sparse all_reduce
         self._async_inline = self._placement.async_inline
-        # The fast paths' plans (all_reduce, reduce_scatter_tensor, broadcast, all_gather_into_tensor), by
+        # The fast paths' plans (all_reduce, reduce_scatter_tensor, broadcast, all_gather in both forms), by
         # (kind, dtype, op value or root), admitted by the general path as it meets them (``_admit``).
         self._fast_plans: dict = {}
         self._reductions_fast = _hash_is_op_value()
@@ -113,7 +113,7 @@ class Collectives:
                                        f"timeout {timeout.total_seconds():g} s", *self._placement.summary()]))
 
     def _compiled_small_collectives(self, paths):
-        """The group's first try at all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor
+        """The group's first try at all_reduce, broadcast, all_gather (both forms) and reduce_scatter_tensor
         (``ProcessGroupShm``): where the placement has compiled paths (``paths``: one node's arena), the calls
         its fast paths would run inline on the copy path run whole in one compiled call, from the group's method
         to the schedule or the lanes (``_front.SmallCollectives``), which returns None for every call it does
@@ -462,6 +462,7 @@ class Collectives:
         tensor = checks.one_tensor(input_tensors, "all_gather")
         outputs = checks.one_list_like(output_lists, self._size, tensor, "all_gather output")
         desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(tensor))
+        self._admit(descriptors.ALLGATHER, tensor.dtype, desc)
         return self._launch(desc, lambda: self._placement.allgather(outputs, tensor, desc), output_lists, opts,
                             [tensor])
 
@@ -633,7 +634,7 @@ class _TakesNone:
     def allgather_into(self, output, input, opts) -> None:
         return None
 
-    reduce_scatter = allgather_into
+    allgather = reduce_scatter = allgather_into
 
     def barrier(self, opts) -> None:
         return None

@@ -98,8 +98,8 @@ class Lanes:
         return f"  threads per {what}: up to {self.count} (one per {self.min_bytes // 1024} KiB of message)"
 
     def run(self, kind: int, lanes: int, desc: int, count: int, itemsize: int, addr: int, *, out: int = 0,
-            block_stride: int = 0, out_stride: int = 0, kernel: int = 0, op: int = 0, scale: float = 1.0,
-            root: int = -1) -> None:
+            block_stride: int = 0, out_stride: int = 0, blocks: int = 0, kernel: int = 0, op: int = 0,
+            scale: float = 1.0, root: int = -1) -> None:
         """One collective of ``kind`` over ``count`` items of ``itemsize`` bytes at ``addr``, on ``lanes`` lanes
         (``for_bytes``; at least 2): the schedules' arguments as ``shmcoll.algorithms`` passes them. (The
         compiled front, ``_front.SmallCollectives``, does the same in C up to ``finish``.)"""
@@ -108,7 +108,7 @@ class Lanes:
         fence = arena.next_step()
         arena.post(fence, desc)  # see the module's docstring
         if not self._pool.start(kind, lanes, desc, addr, out, count, itemsize, max(1, ALIGN_BYTES // itemsize),
-                                block_stride, out_stride, kernel, op, scale, root):
+                                block_stride, out_stride, blocks, kernel, op, scale, root):
             self._settle(lanes, fence, desc)
         self._raise_if_failed(lanes, desc)
 

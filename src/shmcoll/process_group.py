@@ -111,7 +111,7 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
 
     # -- every call form of c10d's bindings ------------------------------------
 
-    # all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor first try the compiled small
+    # all_reduce, broadcast, all_gather (both forms) and reduce_scatter_tensor first try the compiled small
     # collectives (Collectives._compiled_small_collectives), which take the plain CPU calls of one node's
     # arena that one C schedule call on one lane runs, and return None for all others.
 
@@ -145,8 +145,12 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
             opts = _options(dist.BroadcastOptions, timeout, rootRank=opts)
         return Collectives.broadcast(self, _listed(tensors), opts)
 
-    @_general_path
     def allgather(self, output_tensors, input_tensors, opts=None):
+        work = self._small.allgather(output_tensors, input_tensors, opts)
+        return self._allgather_any(output_tensors, input_tensors, opts) if work is None else work
+
+    @_general_path(name="allgather")
+    def _allgather_any(self, output_tensors, input_tensors, opts=None):
         if isinstance(input_tensors, torch.Tensor):  # allgather(outputs, input[, timeout])
             output_tensors, input_tensors = [output_tensors], [input_tensors]
             opts = _options(_torch_compat.AllgatherOptions, opts)

@@ -273,6 +273,11 @@ def test_lanes_give_one_threads_bits(size, lane_counts, monkeypatch):
 
     count = 5 * CHUNK + 13  # float32: several lanes, several steps per lane, a ragged end
     inputs = _inputs(size, count * size, np.float32, 5)
+    # The list form of all_gather: rank q's block at its own address, in reverse rank order with uneven gaps
+    # (no stride gives them); in place as well, rank r's block being its input.
+    gap = [64 * p * p + 7 * p for p in range(size)]  # before the block in position p
+    at = [(size - 1 - q) * count * 4 + gap[size - 1 - q] for q in range(size)]
+    span = size * count * 4 + gap[-1]
     entry = kernel_library.entry_point("float32")
     results = {}
     for lanes in (1, *lane_counts):
@@ -281,6 +286,8 @@ def test_lanes_give_one_threads_bits(size, lane_counts, monkeypatch):
                "rs": [np.zeros(count, np.float32) for _ in range(size)],
                "rs_in_place": [x.copy() for x in inputs],  # rank r's output: block r of its input
                "ag": [np.zeros(size * count * 4, np.uint8) for _ in range(size)],
+               "ag_list": [np.zeros(span, np.uint8) for _ in range(size)],
+               "ag_list_in_place": [np.zeros(span, np.uint8) for _ in range(size)],
                "bc": [x[:count].copy() for x in inputs]}
 
         def body(rank, pool):
@@ -313,8 +320,18 @@ def test_lanes_give_one_threads_bits(size, lane_counts, monkeypatch):
                 arena, whole, count, 4, entry, kernels.SUM, 1.0, own, 13, block_stride=count), out=own,
                 block_stride=count, kernel=entry, op=kernels.SUM)
             g = out["ag"][rank].ctypes.data
-            run(L.ALLGATHER, 10, count * 4, 1, src, lambda: allgather.allgather_strided(
-                arena, src, count * 4, g, count * 4, 10), out=g, out_stride=count * 4)
+            run(L.ALLGATHER, 10, count * 4, 1, src, lambda: allgather.allgather(
+                arena, src, count * 4, (g, count * 4), 10), out=g, out_stride=count * 4)
+            for name, desc in (("ag_list", 14), ("ag_list_in_place", 15)):
+                outputs = [out[name][rank].ctypes.data + at[q] for q in range(size)]
+                own = src
+                if name == "ag_list_in_place":
+                    out[name][rank][at[rank]:at[rank] + count * 4] = inputs[rank][:count].view(np.uint8)
+                    own = outputs[rank]
+                blocks = allgather.Blocks(outputs, count * 4)
+                run(L.ALLGATHER, desc, count * 4, 1, own, lambda: allgather.allgather(
+                    arena, own, count * 4, outputs, desc), out=blocks.out, out_stride=blocks.stride,
+                    blocks=blocks.table)
             b = out["bc"][rank].ctypes.data
             run(L.BROADCAST, 11, count * 4, 1, b, lambda: broadcast.broadcast(arena, b, count * 4, 0, 11), root=0)
 
@@ -332,6 +349,11 @@ def test_lanes_give_one_threads_bits(size, lane_counts, monkeypatch):
         assert in_place[r].tobytes() == results[1]["rs"][r].tobytes()
         assert np.array_equal(np.delete(in_place, r, axis=0), np.delete(inputs[r].reshape(size, count), r, axis=0))
         assert results[1]["ag"][r].tobytes() == b"".join(x[:count].tobytes() for x in inputs)
+        for name in ("ag_list", "ag_list_in_place"):
+            expected = np.zeros(span, np.uint8)
+            for q in range(size):
+                expected[at[q]:at[q] + count * 4] = inputs[q][:count].view(np.uint8)
+            assert np.array_equal(results[1][name][r], expected), (name, r)
         bc = inputs[0][:count].copy()
         bc[:3] = np.max(stacked[:, :3], axis=0)
         assert np.array_equal(results[1]["bc"][r], bc)

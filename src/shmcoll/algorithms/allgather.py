@@ -1,25 +1,37 @@
 """All-gather: each step every rank publishes up to one slot of its input and copies all slots out.
 
-A contiguous output (base, stride) runs whole in ``shmcoll._schedules`` (see
-algorithms/allreduce.py); a list of separate outputs steps through Python, as
-does a consumer that reads the slots where they are (``allgather_windows``:
-the sparse all_reduce merges the ranks' values out of shared memory).
+The output, one tensor (base, stride) or one per rank (the list form), runs whole in
+``shmcoll._schedules`` (see algorithms/allreduce.py); a consumer that reads the
+slots where they are steps through Python (``allgather_windows``: the sparse
+all_reduce merges the ranks' values out of shared memory).
 """
-from shmcoll._copy import copy
+from array import array
+
 from shmcoll.algorithms import gather, schedule
 from shmcoll.errors import ShmcollError
 
 
+class Blocks:
+    """Where an all-gather's output goes, as the C schedules take it (``block_at`` in allgather.pxi, and a
+    lanes' job): ``outputs`` is one address per local rank, or (base, stride) for one contiguous output.
+    A table of addresses lives as long as this object."""
+
+    def __init__(self, outputs, nbytes: int):
+        if isinstance(outputs, tuple):
+            self.out, self.stride = outputs
+            self._table, self.table = None, 0
+        else:
+            self.out, self.stride = 0, nbytes  # with a table, the stride is the blocks' span (streaming's rule)
+            self._table = array("Q", outputs)
+            self.table = self._table.buffer_info()[0]
+
+
 def allgather(arena, addr: int, nbytes: int, outputs, desc: int) -> None:
-    """``outputs``: one address per local rank, or (base, stride) for a contiguous output."""
-    if isinstance(outputs, tuple):
-        return allgather_strided(arena, addr, nbytes, *outputs, desc)
-
-    def copy_out(start: int, n: int, slots: list) -> None:
-        for peer, slot in enumerate(slots):
-            copy(outputs[peer] + start, slot, n)
-
-    allgather_windows(arena, addr, nbytes, arena.chunk_bytes, copy_out, desc)
+    """Rank r's ``nbytes`` at ``addr`` go to its block of ``outputs`` (``Blocks``) on every rank."""
+    blocks = Blocks(outputs, nbytes)
+    call = arena.schedule.allgather
+    schedule.run(arena, arena.schedule, desc, lambda base, resume: call(base, desc, addr, nbytes, blocks.out,
+                                                                        blocks.stride, blocks.table, resume))
 
 
 def allgather_windows(arena, addr: int, nbytes: int, window: int, consume, desc: int) -> None:
@@ -49,15 +61,8 @@ def allgather_windows(arena, addr: int, nbytes: int, window: int, consume, desc:
             return
 
 
-def allgather_strided(arena, addr: int, nbytes: int, out: int, stride: int, desc: int) -> None:
-    """Rank r's ``nbytes`` at ``addr`` go to ``out + r * stride`` on every rank."""
-    call = arena.schedule.allgather
-    schedule.run(arena, arena.schedule, desc, lambda base, resume: call(base, desc, addr, nbytes, out, stride,
-                                                                        resume))
-
-
 def single_copy(arena, addr: int, nbytes: int, out: int, stride: int, desc: int, lanes: int = 1) -> None:
-    """As ``allgather_strided``, each rank reading the others' inputs where they are (``_single_copy``), over
+    """As ``allgather`` into (``out``, ``stride``), each rank reading the others' inputs where they are (``_single_copy``), over
     ``lanes`` of its lanes."""
     sc = arena.single_copy
     schedule.run(arena, sc, desc, lambda base, resume: sc.allgather(base, desc, addr, nbytes, out, stride, lanes,

@@ -312,7 +312,7 @@ class OneNode(OnArena):
             allgather.single_copy_each(self.arena, source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets],
                                        desc, self._single_copy_lanes(source.nbytes))
         else:
-            allgather.allgather(self.arena, source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets], desc)
+            self._allgather(source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets], desc)
         for out, target in zip(outputs, targets):
             unstage(out, target)
 
@@ -329,12 +329,18 @@ class OneNode(OnArena):
                 addr = source.data_ptr()
             allgather.single_copy(self.arena, addr, nbytes, out, nbytes, desc, self._single_copy_lanes(nbytes))
             return unstage(output, target)
+        self._allgather(addr, nbytes, (out, nbytes), desc)
+        unstage(output, target)
+
+    def _allgather(self, addr: int, nbytes: int, outputs, desc: int) -> None:
+        """The copy path's all-gather into ``outputs`` (``allgather.Blocks``), over the lanes where it splits."""
         lanes = self.lanes.for_bytes(nbytes)
         if lanes > 1:
-            self.lanes.run(_lanes.ALLGATHER, lanes, desc, nbytes, 1, addr, out=out, out_stride=nbytes)
+            blocks = allgather.Blocks(outputs, nbytes)
+            self.lanes.run(_lanes.ALLGATHER, lanes, desc, nbytes, 1, addr, out=blocks.out, out_stride=blocks.stride,
+                           blocks=blocks.table)
         else:
-            allgather.allgather_strided(self.arena, addr, nbytes, out, nbytes, desc)
-        unstage(output, target)
+            allgather.allgather(self.arena, addr, nbytes, outputs, desc)
 
     def allgather_windows(self, input: torch.Tensor, unit: int, consume, desc: int) -> None:
         nbytes = input.nbytes

@@ -64,10 +64,7 @@ def allgather(shape, addr: int, nbytes: int, out: int, stride: int, desc: int) -
     if shape.arena is None:
         copy(out, addr, nbytes) if out != addr else None
         return
-    lanes = shape.lanes.for_bytes(nbytes)
-    if lanes > 1:
-        return shape.lanes.run(_lanes.ALLGATHER, lanes, desc, nbytes, 1, addr, out=out, out_stride=stride)
-    _allgather.allgather_strided(shape.arena, addr, nbytes, out, stride, desc)
+    _copy_path(shape, addr, nbytes, (out, stride), desc)
 
 
 def allgather_to(shape, addr: int, nbytes: int, outputs: list[int], desc: int) -> None:
@@ -75,6 +72,16 @@ def allgather_to(shape, addr: int, nbytes: int, outputs: list[int], desc: int) -
     if shape.arena is None:
         copy(outputs[0], addr, nbytes) if outputs[0] != addr else None
         return
+    _copy_path(shape, addr, nbytes, outputs, desc)
+
+
+def _copy_path(shape, addr: int, nbytes: int, outputs, desc: int) -> None:
+    """The node's all-gather into ``outputs`` (``allgather.Blocks``), over the lanes where it splits."""
+    lanes = shape.lanes.for_bytes(nbytes)
+    if lanes > 1:
+        blocks = _allgather.Blocks(outputs, nbytes)
+        return shape.lanes.run(_lanes.ALLGATHER, lanes, desc, nbytes, 1, addr, out=blocks.out,
+                               out_stride=blocks.stride, blocks=blocks.table)
     _allgather.allgather(shape.arena, addr, nbytes, outputs, desc)
 
 
