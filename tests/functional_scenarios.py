@@ -47,6 +47,23 @@ def functional(cases):
 
         cases.run(f"compiled/{count}", run_compiled)
         torch._dynamo.reset()
+
+    def taken_by_the_front():
+        # A functional all_gather or reduce_scatter reaches the group as an asynchronous coalesced call of one
+        # pair; on one node the compiled front takes it as the plain call (its plan admitted by the calls above).
+        # Each is used before the next is issued: a call whose rest went to the progress thread (ranks outnumber
+        # the cores) leaves the next one to the general path.
+        before = shm._small.taken
+        issued = [funcol.all_gather_tensor(_data(rank, 8, 7), 0, shm) * 1]
+        issued.append(funcol.reduce_scatter_tensor(_data(rank, 8 * world, 8), "sum", 0, shm) * 1)
+        took = shm._small.taken - before
+        expected = [funcol.all_gather_tensor(_data(rank, 8, 7), 0, gloo),
+                    funcol.reduce_scatter_tensor(_data(rank, 8 * world, 8), "sum", 0, gloo)]
+        _equal(issued, [t * 1 for t in expected], "front")
+        assert took == 2, f"the compiled front took {took} of the 2 functional calls"
+
+    if hasattr(shm._small, "taken"):  # one node's arena: the compiled front
+        cases.run("front/8", taken_by_the_front)
     dist.destroy_process_group(gloo)
 
 

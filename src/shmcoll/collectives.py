@@ -430,6 +430,7 @@ class Collectives:
             red = self._reductions.plan(_reduce_op(opts), output.dtype, "reduce_scatter_tensor_coalesced")
             desc = descriptors.descriptor(descriptors.REDUCE_SCATTER, red.view(output).numel(), red.dtype.code,
                                           red.code)
+            self._admit(descriptors.REDUCE_SCATTER, output.dtype, desc, _reduce_op(opts), red)
             scatters.append((output, input.contiguous(), red, desc))
 
         def reduce_scatter(output, input, red, desc):
@@ -504,7 +505,9 @@ class Collectives:
         gathers = []
         for output, input in zip(outputs, inputs):
             checks.gathered(output, input, self._size, "all_gather_into_tensor_coalesced", "output", "input")
-            gathers.append((output, input, descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(input))))
+            desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(input))
+            self._admit(descriptors.ALLGATHER, input.dtype, desc)
+            gathers.append((output, input, desc))
         return self._launch_each(gathers, self._placement.allgather_into, list(outputs), opts, list(inputs))
 
     def gather(self, output_lists, input_tensors, opts=None):

@@ -47,6 +47,13 @@ def _listed(tensors):
     return [tensors] if isinstance(tensors, torch.Tensor) else tensors
 
 
+def _one_pair(outputs, inputs):
+    """(output, input) of a coalesced call of one pair, else None."""
+    if type(outputs) is list and type(inputs) is list and len(outputs) == 1 == len(inputs):
+        return outputs[0], inputs[0]
+    return None
+
+
 def _first_tensor(args):
     """The first tensor in a call's arguments (tensors, lists, or lists of lists)."""
     for arg in args:
@@ -170,8 +177,16 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         return Collectives.allgather_coalesced(self, output_lists, input_list, opts)
 
-    @_general_path
+    # A functional collective (DTensor, tensor-parallel layers, compiled code) reaches the group as the coalesced
+    # form of one pair, asynchronous: the compiled small collectives take it as the plain call.
+
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        pair = _one_pair(outputs, inputs)
+        work = None if pair is None else self._small.allgather_into(*pair, opts)
+        return self._allgather_into_tensor_coalesced_any(outputs, inputs, opts) if work is None else work
+
+    @_general_path(name="allgather_into_tensor_coalesced")
+    def _allgather_into_tensor_coalesced_any(self, outputs, inputs, opts=None):
         return Collectives.allgather_into_tensor_coalesced(self, outputs, inputs, opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -208,8 +223,13 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
-    @_general_path
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        pair = _one_pair(outputs, inputs)
+        work = None if pair is None else self._small.reduce_scatter(*pair, opts)
+        return self._reduce_scatter_tensor_coalesced_any(outputs, inputs, opts) if work is None else work
+
+    @_general_path(name="reduce_scatter_tensor_coalesced")
+    def _reduce_scatter_tensor_coalesced_any(self, outputs, inputs, opts=None):
         return Collectives.reduce_scatter_tensor_coalesced(self, outputs, inputs, opts)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
