@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What each way of calling a collective costs: synchronous, ``async_op=True`` + ``wait()``, and functional.
 
-    .venv/bin/torchrun --nproc_per_node=2 bench/bench_async.py [--sizes 8,256K] [--json PATH]
+    .venv/bin/torchrun --nproc_per_node=2 bench/bench_async.py [--sizes 8,256K] [--ops all_reduce,...] [--json PATH]
 
 Tensor parallelism (DTensor, ``parallelize_module``) and compiled code issue their collectives as
 functional collectives (``torch.distributed._functional_collectives``, whose ops reach the group as
@@ -15,6 +15,8 @@ FakeProcessGroup ("fake": the floor for any backend, C++ included), interleaved:
   async       dist.<op>(..., async_op=True).wait()
   funcol      funcol.<op>(..., group) then wait_tensor (what DTensor and TP layers run)
   funcol_     torch.ops._c10d_functional.<op>_ (in place, all_reduce only) then wait_tensor
+  list        dist.all_gather(outputs, input), one output tensor per rank (all_gather only: the form
+              torchmetrics, Lightning and all_gather_object call)
 
 us per call: the slowest rank's best of --rounds rounds (a round: --iters-time seconds of calls after
 a barrier), and each form's time over the synchronous one's. Results are checked once per form.
@@ -34,12 +36,12 @@ from shmcoll_bench import script, timing
 from shmcoll_bench.sweep import Ctrl, parse_bytes
 
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
-FORMS = ("sync", "async", "funcol", "funcol_")
+FORMS = ("sync", "async", "funcol", "funcol_", "list")
 
 
 def calls(op: str, nbytes: int, group, world: int, rank: int):
     """form -> call returning its output, a reset of the input, and the expected output, for ``op`` of ``nbytes``
-    (all_gather: its output; the others: the tensor or the input) on ``group``."""
+    (all_gather: its output, or the list of its outputs; the others: the tensor or the input) on ``group``."""
     n = max(1, nbytes // 4)
 
     def returning(out, call):
@@ -65,10 +67,12 @@ def calls(op: str, nbytes: int, group, world: int, rank: int):
     per = max(1, n // world)
     if op == "all_gather_into_tensor":
         inp, out = torch.full((per,), float(rank)), torch.empty(per * world)
+        outs = [torch.empty(per) for _ in range(world)]
         forms = {
             "sync": returning(out, lambda: dist.all_gather_into_tensor(out, inp, group=group)),
             "async": returning(out, lambda: dist.all_gather_into_tensor(out, inp, group=group, async_op=True).wait()),
             "funcol": lambda: funcol.all_gather_tensor(inp, 0, group).wait(),
+            "list": returning(outs, lambda: dist.all_gather(outs, inp, group=group)),
         }
         return forms, lambda: None, torch.arange(world, dtype=torch.float32).repeat_interleave(per)
     inp, out = torch.ones(per * world), torch.empty(per)
@@ -83,6 +87,7 @@ def calls(op: str, nbytes: int, group, world: int, rank: int):
 def main() -> int:
     p = script.parser(__doc__)
     script.add_best_round_options(p, sizes="8,256K")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma list (default: {','.join(OPS)})")
     args = p.parse_args()
     job = script.start(args.threads)
     rank, world = job.rank, job.world
@@ -92,14 +97,16 @@ def main() -> int:
               "fake": dist.new_group(backend="fake")}
     ctrl = Ctrl(job.ctrl)
     rows = []
-    for op in OPS:
+    for op in args.ops.split(","):
         for nbytes in map(parse_bytes, args.sizes.split(",")):
             row = {"op": op, "bytes": nbytes, "us": {}}
             for backend, group in groups.items():
                 forms, reset, want = calls(op, nbytes, group, world, rank)
                 for form, fn in forms.items():
                     reset()
-                    if not torch.equal(fn(), want) and backend not in ("noop", "fake"):
+                    got = fn()
+                    if not torch.equal(torch.cat(got) if isinstance(got, list) else got, want) \
+                            and backend not in ("noop", "fake"):
                         raise SystemExit(f"rank {rank}: {op} {form} on {backend} gave a wrong result")
                     seconds = timing.best_round(fn, ctrl, args.iters_time, args.rounds, warmup=20)
                     row["us"][f"{backend}/{form}"] = seconds * 1e6

@@ -24,8 +24,8 @@ class NoopGroup(dist.ProcessGroup):
     def _done(self, *args, **kwargs):
         return self._work
 
-    allreduce = all_gather_single = _allgather_base = allgather_into_tensor_coalesced = reduce_scatter_single = \
-        _reduce_scatter_base = reduce_scatter_tensor_coalesced = _done
+    allreduce = allgather = all_gather_single = _allgather_base = allgather_into_tensor_coalesced = \
+        reduce_scatter_single = _reduce_scatter_base = reduce_scatter_tensor_coalesced = _done
 
     def getBackendName(self) -> str:
         return "noop"
