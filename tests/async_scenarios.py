@@ -208,6 +208,10 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
             output = torch.empty(n * world)
             work = dist.all_gather_into_tensor(output, blocks[rank][:n].clone(), group=group, async_op=True)
             expected = torch.cat([b[:n] for b in blocks])
+        elif name == "all_gather":  # the list form: the rest also needs where each output is
+            outputs = [torch.empty(n) for _ in range(world)]
+            work = dist.all_gather(outputs, blocks[rank][:n].clone(), group=group, async_op=True)
+            expected = torch.cat([b[:n] for b in blocks])
         elif name == "reduce_scatter_tensor":
             output = torch.empty(n)
             work = dist.reduce_scatter_tensor(output, blocks[rank].clone(), group=group, async_op=True)
@@ -227,9 +231,9 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
             time.sleep(0.001)
         work.wait()
         del garbage
-        assert_equal(output, expected, case)
+        assert_equal(torch.cat(outputs) if name == "all_gather" else output, expected, case)
 
-    for name in ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"):
+    for name in ("all_reduce", "broadcast", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor"):
         for nbytes in (8, 4096, 240 << 10):
             for n in range(2):  # the second: the compiled path's call, once the first admitted its plan
                 cases.run(f"late_peers/{name}/{nbytes}#{n}", late_peers, name, nbytes)
@@ -320,6 +324,8 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
                 *tensors(given, n), 0, group=group, async_op=a),
             f"all_gather_into_tensor/async={async_op}": lambda given, n, a=async_op: dist.all_gather_into_tensor(
                 *tensors(given, n * world, n), group=group, async_op=a),
+            f"all_gather/async={async_op}": lambda given, n, a=async_op: dist.all_gather(
+                tensors(given, *[n] * world), *tensors(given, n), group=group, async_op=a),
             f"reduce_scatter_tensor/async={async_op}": lambda given, n, a=async_op: dist.reduce_scatter_tensor(
                 *tensors(given, n, n * world), group=group, async_op=a),
             f"reduce/async={async_op}": lambda given, n, a=async_op: dist.reduce(
