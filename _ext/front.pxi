@@ -83,7 +83,7 @@ cdef class SmallCollectives:
     cdef Py_ssize_t one_step_bytes  # the all-reduces of one one-shot step on this thread; above, allreduce_route
     cdef object allreduce_route  # nbytes -> (schedule kind, lanes) (``OneNode.allreduce_route``)
     cdef object lanes  # the arena's ``shmcoll.lanes.Lanes``
-    cdef Py_ssize_t split_bytes, align_bytes  # its ``split_bytes`` (capped), and where its stretches start
+    cdef Py_ssize_t split_bytes, align_bytes  # its ``split_bytes``, and where its stretches start
     cdef pool_start_t pool_start  # its pool, once started (``Lanes.starter``)
     cdef void *pool
     cdef uintptr_t *blocks  # the list form of all_gather: its outputs' addresses, one per rank (allgather.pxi)
@@ -125,7 +125,7 @@ cdef class SmallCollectives:
         self.one_step_bytes = one_step_bytes
         self.allreduce_route = allreduce_route
         self.lanes = lanes
-        self.split_bytes = <Py_ssize_t>min(lanes.split_bytes, 1 << 62)
+        self.split_bytes = lanes.split_bytes
         self.align_bytes = align_bytes
         self.finish_one_shot = finish_one_shot
         self.finish_run = finish_run

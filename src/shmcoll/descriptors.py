@@ -20,6 +20,9 @@ _DTYPE_BY_CODE = {d.code: d.name for d in kernel_abi.DTYPE_TABLE}  # 0: a count 
 
 COUNT_SHIFT = 30  # the count is the descriptor's top field: descriptor(..., 0, ...) | count << COUNT_SHIFT
 COUNT_MAX = (1 << 34) - 1  # the largest count that field holds whole (descriptor() keeps a larger one's low bits)
+# More bytes than any message has (COUNT_MAX elements of the widest dtype are 2^38 bytes): the limit of what
+# no message reaches, an int where C takes it.
+BEYOND_ANY_MESSAGE = 1 << 62
 
 
 def descriptor(kind: int, count: int = 0, dtype_code: int = 0, op_code: int = 0, root: int = 0) -> int:

@@ -81,7 +81,7 @@ class Lanes:
         self.min_bytes = min_bytes  # least bytes worth a lane of their own
         # The least message (bytes per rank) that runs on two lanes or more. Below it the placement runs the
         # schedule on the arena itself, on the caller's thread, without a call into this module.
-        self.split_bytes = 2 * min_bytes if self.count > 1 else float("inf")
+        self.split_bytes = 2 * min_bytes if self.count > 1 else descriptors.BEYOND_ANY_MESSAGE
         # The most an even share of a message may hold so that every lane's stretch fits its slots.
         self.share_bytes = lane_bytes(arena.chunk_bytes) - ALIGN_BYTES if self.count > 1 else 0
         self._pool = None  # started by the first collective that splits (_started)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 
+from shmcoll.descriptors import BEYOND_ANY_MESSAGE
+
 _CPUS = "/sys/devices/system/cpu"
-NEVER = 1 << 62  # an output no message reaches: where the cache's size is unknown
 
 
 def last_level_cache_bytes() -> int:
@@ -49,6 +50,6 @@ def last_level_cache_bytes() -> int:
 def least_output_bytes(local_size: int, cache_bytes: int | None = None) -> int:
     """The least output per rank (bytes) an all-gather writes with streaming stores: where the node's L ranks'
     outputs of n bytes and inputs of n / L outgrow the last-level cache, L n + n > cache, so n > cache / (L + 1);
-    ``NEVER`` where the cache's size is unknown."""
+    ``BEYOND_ANY_MESSAGE`` (never) where the cache's size is unknown."""
     cache = last_level_cache_bytes() if cache_bytes is None else cache_bytes
-    return NEVER if cache <= 0 else cache // (local_size + 1) + 1
+    return BEYOND_ANY_MESSAGE if cache <= 0 else cache // (local_size + 1) + 1

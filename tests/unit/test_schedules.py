@@ -15,6 +15,7 @@ import pytest
 
 from shmcoll import _segment, arena as arena_module, kernel_library, kernels
 from shmcoll.algorithms import allreduce, reduce_scatter
+from shmcoll.descriptors import BEYOND_ANY_MESSAGE
 from shmcoll.waits import SLEEP_AT_ONCE
 
 CHUNK = 4096
@@ -229,7 +230,7 @@ def test_the_streaming_threshold_follows_the_cache():
 
     assert streaming.least_output_bytes(2, 32 << 20) == (32 << 20) // 3 + 1
     assert streaming.least_output_bytes(4, 300 << 20) == 60 << 20 | 1
-    assert streaming.least_output_bytes(4, 0) == streaming.NEVER
+    assert streaming.least_output_bytes(4, 0) == BEYOND_ANY_MESSAGE
     assert streaming.last_level_cache_bytes() >= 0
 
 

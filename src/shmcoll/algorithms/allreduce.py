@@ -9,6 +9,7 @@ and both algorithms, produce bitwise identical results.
 """
 from shmcoll._schedules import DONE
 from shmcoll.algorithms import schedule
+from shmcoll.descriptors import BEYOND_ANY_MESSAGE
 from shmcoll.waits import STEP_MASK
 
 # The one-shot's reads grow with the ranks (each reads every rank's input) while the chunked schedule's do not:
@@ -33,7 +34,7 @@ def one_shot_steps_apply(local_size: int, lanes: int) -> bool:
 
 
 def one_shot_limit(small_bytes: int, chunk_bytes: int, local_size: int, lanes: int = 1,
-                   split_bytes: float = float("inf"), lane_share_bytes: int = 0) -> int:
+                   split_bytes: int = BEYOND_ANY_MESSAGE, lane_share_bytes: int = 0) -> int:
     """The largest all-reduce (bytes) that runs as one step: SHMCOLL_SMALL_BYTES, within one slot, and within
     ONE_SHOT_RANKS_BYTES / local_size^2 per thread.
 
@@ -52,7 +53,7 @@ def one_shot_limit(small_bytes: int, chunk_bytes: int, local_size: int, lanes: i
         return alone  # no one-shot is split (one between the two limits would run on one thread)
     # Shares run up to split_bytes just above it (two lanes), and up to the limit / lanes at the top.
     if lane_share_bytes < split_bytes:
-        return int(split_bytes) - 1  # no one-shot is split
+        return split_bytes - 1  # no one-shot is split
     return min(small_bytes, lanes * per_thread, lanes * lane_share_bytes)
 
 

@@ -12,6 +12,7 @@ import torch
 
 from shmcoll import lanes as _lanes
 from shmcoll import ops
+from shmcoll.descriptors import BEYOND_ANY_MESSAGE
 from shmcoll.algorithms import allgather, allreduce, alltoall, barrier, broadcast, gather, reduce_scatter, scatter
 from shmcoll.p2p import PointToPoint, Recv, Send
 from shmcoll.placement.whole import allgather_whole
@@ -71,7 +72,6 @@ def _apart(sources: list[torch.Tensor], targets: list[torch.Tensor]) -> list[tor
     return [t.clone() if any(_overlap(t, out) for out in targets) else t for t in sources]
 
 
-_NO_LIMIT_BYTES = 1 << 62  # a size no message reaches
 # The all-reduce's schedules on the caller's thread, by the kind its route names (``OneNode.allreduce_route``).
 _ON_ONE_LANE = {_lanes.ONE_SHOT: allreduce.one_shot, _lanes.ONE_SHOT_STEPS: allreduce.one_shot_steps,
                 _lanes.CHUNKED: allreduce.reduce_scatter_allgather}
@@ -165,7 +165,7 @@ class OneNode(OnArena):
     def _below_single_copy(self, kind: str) -> int:
         """The most bytes per rank up to which no message of ``kind`` reads the peers' buffers (``_single_copy``)."""
         span = self.single_copy_spans.get(kind)
-        return _NO_LIMIT_BYTES if span is None else max(0, span[0] - 1)
+        return BEYOND_ANY_MESSAGE if span is None else max(0, span[0] - 1)
 
     def _single_copy(self, kind: str, nbytes: int) -> bool:
         """Whether a collective ``kind`` of ``nbytes`` per rank reads the peers' buffers directly: in its span
