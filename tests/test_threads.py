@@ -36,18 +36,20 @@ def test_all_reduce_matrix_one_shot_over_lanes(threads):
     assert_job_passes(result, min_cases=all_reduce_scenarios.allreduce_matrix_cases(3, "3001"))
 
 
-OTHER_COLLECTIVES = {"data_movement": movement_scenarios, "rooted_and_scattered": rooted_scenarios,
-                     "in_place_overlap": overlap_scenarios}
+# Each scenario of the other collectives at 3 ranks, and the cases it runs on each rank.
+OTHER_COLLECTIVES = {
+    "data_movement": (movement_scenarios, lambda: movement_scenarios.data_movement_cases(3)),
+    "rooted_and_scattered": (rooted_scenarios, lambda: rooted_scenarios.rooted_and_scattered_cases(3)),
+    "in_place_overlap": (overlap_scenarios, overlap_scenarios.in_place_overlap_cases),
+}
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
-@pytest.mark.parametrize("scenario", ["data_movement", "rooted_and_scattered", "in_place_overlap"])
+@pytest.mark.parametrize("scenario", list(OTHER_COLLECTIVES))
 def test_other_collectives(scenario, threads):
-    module = OTHER_COLLECTIVES[scenario]
+    module, cases = OTHER_COLLECTIVES[scenario]
     result = spawn(f"{module.__name__}:{scenario}", 3, env={**LANES, "SHMCOLL_THREADS": str(threads)})
-    assert_job_passes(result, min_cases={"data_movement": movement_scenarios.data_movement_cases(3),
-                                         "rooted_and_scattered": rooted_scenarios.rooted_and_scattered_cases(3),
-                                         "in_place_overlap": overlap_scenarios.in_place_overlap_cases()}[scenario])
+    assert_job_passes(result, min_cases=cases())
 
 
 # Single copy forced on (every size): its reads and reductions split over the lanes from 8 KiB per rank; the
