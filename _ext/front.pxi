@@ -511,8 +511,8 @@ cdef class SmallCollectives:
         if status == STATUS_DONE:
             rest = None
         elif listed:  # the table as it is now, for as long as the rest runs (``_listed_rest``)
-            rest = _Resume(self._listed_rest, (desc, addr, nbytes,
-                                               PyBytes_FromStringAndSize(<char *>blocks, self.size * sizeof(uintptr_t))))
+            table = PyBytes_FromStringAndSize(<char *>blocks, self.size * sizeof(uintptr_t))
+            rest = _Resume(self._listed_rest, (desc, addr, nbytes, table))
         else:
             rest = _Resume(self.schedule.allgather, (desc, addr, nbytes, out, nbytes, 0))
         return self._ran(status, base, desc, rest, result, inputs, async_op)

@@ -62,8 +62,8 @@ def allgather_windows(arena, addr: int, nbytes: int, window: int, consume, desc:
 
 
 def single_copy(arena, addr: int, nbytes: int, out: int, stride: int, desc: int, lanes: int = 1) -> None:
-    """As ``allgather`` into (``out``, ``stride``), each rank reading the others' inputs where they are (``_single_copy``), over
-    ``lanes`` of its lanes."""
+    """As ``allgather`` into (``out``, ``stride``), each rank reading the others' inputs where they are
+    (``_single_copy``), over ``lanes`` of its lanes."""
     sc = arena.single_copy
     schedule.run(arena, sc, desc, lambda base, resume: sc.allgather(base, desc, addr, nbytes, out, stride, lanes,
                                                                      resume))
