@@ -7,6 +7,7 @@ all_reduce merges the ranks' values out of shared memory).
 """
 from array import array
 
+from shmcoll._copy import copy
 from shmcoll.algorithms import gather, schedule
 from shmcoll.errors import ShmcollError
 
