@@ -28,8 +28,9 @@ cdef enum:
     _BROADCAST = 1
     _ALLGATHER = 2
     _REDUCE_SCATTER = 3
-    _KINDS = 4
-    _BARRIER = 4  # where the barrier's options keep asyncOp (``async_at``), after the four above
+    _REDUCE = 4
+    _KINDS = 5
+    _BARRIER = 5  # where the barrier's options keep asyncOp (``async_at``), after the collectives above
 
 
 cdef class _Resume:
@@ -48,8 +49,8 @@ cdef class _Resume:
 
 
 cdef class SmallCollectives:
-    """The group's all_reduce, broadcast, all_gather (into one tensor, or the list form) and reduce_scatter_tensor
-    run here, where a call is plain contiguous CPU tensors of a plan admitted before, of a size the placement
+    """The group's all_reduce, broadcast, all_gather (into one tensor, or the list form), reduce_scatter_tensor and
+    reduce run here, where a call is plain contiguous CPU tensors of a plan admitted before, of a size the placement
     runs on the copy path (``compiled_bytes``), synchronous, or asynchronous of at most ``async_try_bytes`` and
     on one lane, with nothing queued, no profiler, no DEBUG log and no earlier error; else None.
 
@@ -75,7 +76,7 @@ cdef class SmallCollectives:
     # Where each collective's options keep their fields (``shmcoll.option_fields``; -1: read by the getter)
     cdef Py_ssize_t op_at[_KINDS]
     cdef Py_ssize_t async_at[_KINDS + 1]
-    cdef Py_ssize_t root_at
+    cdef Py_ssize_t root_at[_KINDS]
     cdef list entries  # per collective: key(dtype, op or root) -> what its calls need (``_entry``)
     cdef Schedule schedule
     cdef int count_shift, size, keys_per_dtype
@@ -116,10 +117,9 @@ cdef class SmallCollectives:
             self.async_at[i] = at["asyncOp"]
             if i < _KINDS:
                 self.op_at[i] = at.get("reduceOp", -1)
-            if i == _BROADCAST:
-                self.root_at = at["rootRank"]
+                self.root_at[i] = at.get("rootRank", -1)
         self.entries = [{} for _ in range(_KINDS)]
-        self.keys_per_dtype = max(_OPS, self.size)  # op values, or roots
+        self.keys_per_dtype = _OPS * self.size  # op values, roots, or (a reduce's) op value x size + root
         self.count_shift = count_shift
         self.async_try_bytes = async_try_bytes
         self.one_step_bytes = one_step_bytes
@@ -169,14 +169,16 @@ cdef class SmallCollectives:
             return _field(_options_value(opts), at, 1) != 0
         return opts.asyncOp
 
-    cdef int64_t _root(self, opts) except? -1:
-        """A broadcast's root rank."""
-        if self.root_at >= 0:
-            return _field(_options_value(opts), self.root_at, 8)
+    cdef int64_t _root(self, int which, opts) except? -1:
+        """A broadcast's or a reduce's root rank."""
+        cdef Py_ssize_t at = self.root_at[which]
+        if at >= 0:
+            return _field(_options_value(opts), at, 8)
         return opts.rootRank
 
     cdef tuple _entry(self, int which, dtype, Py_ssize_t key_value):
-        """What a call of collective ``which`` on ``dtype`` (with op value or root ``key_value``) needs, from
+        """What a call of collective ``which`` on ``dtype`` (with op value, root, or for a reduce op value x size
+        + root, ``key_value``) needs, from
         its admitted plan: (descriptor less its count, most elements, itemsize, kernel, op, scale); None if
         no plan is admitted. Keyed by one int, no tuple made: dtypes are singletons."""
         if key_value < 0 or key_value >= self.keys_per_dtype:
@@ -408,6 +410,46 @@ cdef class SmallCollectives:
         later = self._settle(self.finish_barrier, (self.steps, step, desc), [], [], desc, async_op)
         return later if later is not None else self._work([], async_op)
 
+    def reduce(self, tensors, opts):
+        """``group.reduce(tensors, opts)`` on the copy path: the chunked schedule with a root (which alone gathers
+        the shares), on this thread or over the lanes; or None."""
+        if type(opts) is not self.options[_REDUCE] or type(tensors) is not list or len(<list>tensors) != 1:
+            return None
+        tensor = (<list>tensors)[0]
+        if not self._plain(tensor):
+            return None
+        cdef int64_t root = self._root(_REDUCE, opts)
+        cdef Py_ssize_t op_value = self._op_value(_REDUCE, opts)
+        if not (0 <= root < self.size and 0 <= op_value < _OPS):  # else another (op, root)'s key
+            return None
+        entry = self._entry(_REDUCE, tensor.dtype, op_value * self.size + root)
+        if entry is None:
+            return None
+        cdef Py_ssize_t count = tensor.numel(), itemsize = entry[2], nbytes = count * itemsize
+        cdef bint async_op = self._async_op(_REDUCE, opts)
+        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and nbytes > self.async_try_bytes)
+                or not self._may_start()):
+            return None
+        cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
+        cdef uintptr_t addr = tensor.data_ptr(), kernel = entry[3]
+        cdef int64_t op = entry[4]
+        cdef double scale = entry[5]
+        if nbytes >= self.split_bytes:
+            return None if async_op else self._on_lanes(KIND_CHUNKED, self.lanes.for_bytes(nbytes), desc, addr, 0,
+                                                        count, itemsize, 0, 0, 0, kernel, op, scale, <int>root,
+                                                        tensors, tensors)
+        cdef int64_t base = self.steps.step
+        cdef Py_ssize_t status
+        cdef int64_t slice_ns = self._first_slice(async_op)
+        self._start(desc)
+        with nogil:
+            status = chunked(&self.schedule.s, <uint32_t>base, desc, <char *>addr, count, <int>itemsize,
+                             <kernel_t>kernel, op, scale, <int>root, -1)
+        self.schedule.s.slice_ns = slice_ns
+        return self._ran(status, base, desc, None if status == STATUS_DONE else
+                         _Resume(self.schedule.chunked, (desc, addr, count, itemsize, kernel, op, scale, root)),
+                         tensors, tensors, async_op)
+
     def broadcast(self, tensors, opts):
         """``group.broadcast(tensors, opts)`` on the copy path, on this thread or over the lanes; or None."""
         if type(opts) is not self.options[_BROADCAST] or type(tensors) is not list or len(<list>tensors) != 1:
@@ -415,7 +457,7 @@ cdef class SmallCollectives:
         tensor = (<list>tensors)[0]
         if not self._plain(tensor):
             return None
-        cdef int64_t root = self._root(opts)  # a root out of the group's range has no entry
+        cdef int64_t root = self._root(_BROADCAST, opts)  # a root out of the group's range has no entry
         entry = self._entry(_BROADCAST, tensor.dtype, root)
         if entry is None:
             return None

@@ -3,8 +3,8 @@
 
     options.pxi   field_offset: where c10d's options keep a field, read here in C
     callers.pxi   whose code called: who may get the shared completed Work
-    front.pxi     SmallCollectives: all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor and
-                  the barrier, on the caller's thread or over the lanes
+    front.pxi     SmallCollectives: all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor,
+                  reduce and the barrier, on the caller's thread or over the lanes
 
 The schedules it runs are schedules.pyx's (shmcoll/_schedules.pxd), the state it keeps state.pyx's
 (shmcoll/_state.pxd).

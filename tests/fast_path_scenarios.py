@@ -21,7 +21,8 @@ class Subclass(torch.Tensor):
 # (collective, dtype, op name) of the calls each variant is made of
 CALLS = (("all_reduce", torch.float32, "sum"), ("all_reduce", torch.int32, "max"),
          ("reduce_scatter_tensor", torch.bfloat16, "sum"), ("broadcast", torch.float64, None),
-         ("all_gather_into_tensor", torch.int16, None), ("all_gather", torch.float16, None))
+         ("all_gather_into_tensor", torch.int16, None), ("all_gather", torch.float16, None),
+         ("reduce", torch.float32, "max"))
 OVERLAP_PAYS = 300_001  # above the one-shot limit and the inline asynchronous size: overlap pays
 # (count, asynchronous, tensor type, whether the fast path takes it once admitted), in order: the first admits
 VARIANTS = ((7, False, torch.Tensor, False), (7, False, torch.Tensor, True), (1, True, torch.Tensor, True),
@@ -29,13 +30,14 @@ VARIANTS = ((7, False, torch.Tensor, False), (7, False, torch.Tensor, True), (1,
             (7, False, Subclass, False))
 # Every op of these dtypes, sync and async, through each reducing collective's compiled path.
 EVERY_OP_DTYPES = (torch.float32, torch.int32)
-REDUCING = ("all_reduce", "reduce_scatter_tensor")
+REDUCING = ("all_reduce", "reduce_scatter_tensor", "reduce")
 LATE_PEER_CALLS = tuple(call for call in CALLS if call != ("all_reduce", torch.int32, "max"))
 BARRIERS = ((False, False), (True, False), (False, True))  # (asynchronous, a late peer)
-# The cases besides those tables: every root of a broadcast, async Works of their own, and a list-form
-# all_gather whose asynchronous call a late peer leaves to the progress thread.
-OTHER_CASES = _EVERY_ROOT, _WORKS_OWN, _LATE_LISTED = ("fast_path/every_root", "fast_path/async_works_own",
-                                                      "fast_path/all_gather/late_peer_async")
+# The cases besides those tables: every root of a broadcast, every (op, root) of a reduce, async Works of their
+# own, and a list-form all_gather whose asynchronous call a late peer leaves to the progress thread.
+OTHER_CASES = _EVERY_ROOT, _EVERY_REDUCE, _WORKS_OWN, _LATE_LISTED = (
+    "fast_path/every_root", "fast_path/reduce/every_op_and_root", "fast_path/async_works_own",
+    "fast_path/all_gather/late_peer_async")
 
 
 def fast_paths(cases):
@@ -67,6 +69,15 @@ def fast_paths(cases):
         expected = reference_reduce(inputs, op_name, dtype)[rank * count:(rank + 1) * count]
         assert_equal(out.as_subclass(torch.Tensor), expected, case)
 
+    def reduce(case, dtype, count, op_name, async_op, make=torch.Tensor, root=world - 1):
+        inputs = [make_input(case, r, dtype, count, op_name) for r in range(world)]
+        tensor = inputs[rank].clone().as_subclass(make)
+        work = dist.reduce(tensor, root, op=ops_for(dtype)[op_name], async_op=async_op)
+        if async_op:
+            own_work(case, work)
+        want = reference_reduce(inputs, op_name, dtype) if rank == root else inputs[rank]
+        assert_equal(tensor.as_subclass(torch.Tensor), want, f"{case} (root {root})")
+
     def broadcast(case, dtype, count, op_name, async_op, make=torch.Tensor):
         root = world - 1
         tensor = (make_input(case, root, dtype, count) if rank == root else torch.zeros(count, dtype=dtype))
@@ -95,7 +106,7 @@ def fast_paths(cases):
             assert_equal(outs[r].as_subclass(torch.Tensor), make_input(case, r, dtype, count), f"{case} block {r}")
 
     calls = {"all_reduce": all_reduce, "reduce_scatter_tensor": reduce_scatter, "broadcast": broadcast,
-             "all_gather_into_tensor": all_gather, "all_gather": all_gather_listed}
+             "all_gather_into_tensor": all_gather, "all_gather": all_gather_listed, "reduce": reduce}
 
     # On one node, the calls of the fast paths that one C schedule call on one lane runs go whole through
     # compiled code (shmcoll._front.SmallCollectives), which keeps the group's bookkeeping
@@ -103,7 +114,8 @@ def fast_paths(cases):
     compiled = getattr(pg._small, "taken", None)
     compiled_bytes = getattr(pg.placement, "compiled_bytes", {})
     placement_kind = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
-                      "broadcast": "broadcast", "all_gather_into_tensor": "all_gather", "all_gather": "all_gather"}
+                      "broadcast": "broadcast", "all_gather_into_tensor": "all_gather", "all_gather": "all_gather",
+                      "reduce": "reduce"}
 
     for name, dtype, op_name in CALLS:
         call = calls[name]
@@ -112,7 +124,7 @@ def fast_paths(cases):
 
             if count == OVERLAP_PAYS:  # one rank runs everything inline (placement.single): it has nothing to overlap
                 fast = pg.placement.async_inline
-            if name == "all_gather" and compiled is None:  # the list form has no Python fast path
+            if name in ("all_gather", "reduce") and compiled is None:  # no Python fast path for these
                 fast = False
 
             def run():
@@ -120,11 +132,15 @@ def fast_paths(cases):
                 before = pg._small.taken if compiled is not None else 0
                 seq = pg._state.seq
                 call(case, dtype, count, op_name, async_op, make)
-                went = "the general path" if launches else "the fast path"
-                assert bool(launches) != fast, f"{case}: took {went}"
                 took = (pg._small.taken - before) if compiled is not None else 0
+                # A reduce's other ranks leave once their shares are published, while the root gathers them: the
+                # next call of one takes the fast path only if the root has published by then (else the general
+                # path waits for it). So only the root (the last rank here) is held to the path; all to the result.
+                either = name == "reduce" and rank != world - 1
+                went = "the general path" if launches else "the fast path"
+                assert either or bool(launches) != fast, f"{case}: took {went}"
                 want = fast and count * dtype.itemsize <= compiled_bytes.get(placement_kind[name], 0)
-                assert took == want, f"{case}: the compiled path took {took} calls, not {int(want)}"
+                assert either or took == want, f"{case}: the compiled path took {took} calls, not {int(want)}"
                 assert pg._state.seq == seq + 1 and f"{count} elements) #{seq + 1}" in pg.describe_current(), \
                     f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
 
@@ -173,6 +189,23 @@ def fast_paths(cases):
 
     cases.run(_EVERY_ROOT, every_root)
 
+    def every_reduce():
+        # A reduce's plan is keyed by its op and its root together (Collectives._admit): each pair takes the
+        # compiled path once it has met its own, with the descriptor of its own root.
+        for root in range(world):
+            for op_name in ("sum", "max"):
+                case = f"{_EVERY_REDUCE}/{op_name}/root={root}"
+                for n in range(2):
+                    before = pg._small.taken if compiled is not None else 0
+                    reduce(f"{case}#{n}", torch.int64, 5, op_name, False, root=root)
+                    assert f"root {root}, 5 elements) #" in pg.describe_current(), \
+                        f"{case}#{n}: the group's bookkeeping says {pg.describe_current()!r}"
+                took = (pg._small.taken - before) if compiled is not None else 0
+                if rank == root:  # the others' next call may find the root still gathering (see run above)
+                    assert took == (1 if compiled_bytes else 0), f"{case}: the compiled path took {took} calls"
+
+    cases.run(_EVERY_REDUCE, every_reduce)
+
     def async_works_own():
         # Every asynchronous call gets a Work of its own, whichever path ran it; one the caller dropped is not
         # handed out again (nothing can observe it, but nothing of it is kept either: tests/async_scenarios.py).
@@ -208,7 +241,10 @@ def fast_paths(cases):
 
     def late_peer_listed_async():
         # The compiled path's list form left to the progress thread: the rest reads the outputs' addresses
-        # after the call has returned, and a later call of the same form must not change where they go.
+        # after the call has returned, and a later call of the same form must not change where they go. (The
+        # barrier first: the late reduce before leaves its root behind the others, whose call would then find
+        # the root's last step not yet reached and go the general way.)
+        dist.barrier()
         if rank == world - 1:
             time.sleep(0.35)
         before = pg._small.taken if compiled is not None else 0

@@ -17,7 +17,8 @@ from tests.rooted_scenarios import rooted_and_scattered, rooted_and_scattered_ca
 # The collectives the compiled front splits over the lanes, each at a size just above the split (two lanes, a
 # ragged end) and at one that takes every lane; then a late peer's, and last (the group is unusable after it)
 # two collectives met at once.
-COMPILED_CALLS = ("all_reduce", "broadcast", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor")
+COMPILED_CALLS = ("all_reduce", "broadcast", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor",
+                  "reduce")
 COMPILED_SIZES = ("two_lanes", "every_lane")
 COMPILED_OTHER = _LATE, _MISMATCH = ("compiled_lanes/late_peer", "compiled_lanes/mismatch")
 # What lane_threads_sleep checks, in order: the result, the threads there, idle, gone after destroy.
@@ -75,6 +76,12 @@ def compiled_over_lanes(cases):
             out = torch.zeros(world * count)
             dist.all_gather_into_tensor(out, make_input(case, rank, torch.float32, count))
             assert_equal(out, torch.cat([make_input(case, r, torch.float32, count) for r in range(world)]), case)
+        elif name == "reduce":  # to the last rank; the others' tensors as they were
+            inputs = [make_input(case, r, torch.float32, count) for r in range(world)]
+            x = inputs[rank].clone()
+            dist.reduce(x, world - 1)
+            assert_equal(x, reference_reduce(inputs, "sum", torch.float32) if rank == world - 1 else inputs[rank],
+                         case)
         elif name == "all_gather":  # the list form, each output its own tensor
             outs = [torch.zeros(count) for _ in range(world)]
             dist.all_gather(outs, make_input(case, rank, torch.float32, count))

@@ -45,6 +45,7 @@ _Tensor = torch.Tensor
 _AllreduceOptions = dist.AllreduceOptions
 _ReduceScatterOptions = dist.ReduceScatterOptions
 _BroadcastOptions = dist.BroadcastOptions
+_ReduceOptions = dist.ReduceOptions
 _AllgatherOptions = _torch_compat.AllgatherOptions
 _BarrierOptions = dist.BarrierOptions
 
@@ -100,7 +101,7 @@ class Collectives:
         self._placement = placement.create(store, rank, size, timeout, self._settings, self.describe_current)
         self._sparse_buffers = sparse.Buffers()  # empty until a sparse all_reduce
         self._async_inline = self._placement.async_inline
-        # The fast paths' plans (all_reduce, reduce_scatter_tensor, broadcast, all_gather in both forms), by
+        # The fast paths' plans (all_reduce, reduce_scatter_tensor, broadcast, all_gather in both forms, reduce), by
         # (kind, dtype, op value or root), admitted by the general path as it meets them (``_admit``).
         self._fast_plans: dict = {}
         self._reductions_fast = _hash_is_op_value()
@@ -113,17 +114,19 @@ class Collectives:
                                        f"timeout {timeout.total_seconds():g} s", *self._placement.summary()]))
 
     def _compiled_small_collectives(self, paths):
-        """The group's first try at all_reduce, broadcast, all_gather (both forms) and reduce_scatter_tensor
+        """The group's first try at all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor and reduce
         (``ProcessGroupShm``): where the placement has compiled paths (``paths``: one node's arena), the calls
         its fast paths would run inline on the copy path run whole in one compiled call, from the group's method
         to the schedule or the lanes (``_front.SmallCollectives``), which returns None for every call it does
         not take."""
-        kinds = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+        kinds = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce")
         return _front.SmallCollectives(
             state=self._state, backlog=self._engine.backlog, debug=DebugSwitch(_log), steps=paths.steps,
             schedule=paths.schedule, plans=self._fast_plans,
-            kinds=(descriptors.ALLREDUCE, descriptors.BROADCAST, descriptors.ALLGATHER, descriptors.REDUCE_SCATTER),
-            options=(_AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions),
+            kinds=(descriptors.ALLREDUCE, descriptors.BROADCAST, descriptors.ALLGATHER, descriptors.REDUCE_SCATTER,
+                   descriptors.REDUCE),
+            options=(_AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions,
+                     _ReduceOptions),
             limits=tuple(paths.compiled_bytes[kind] for kind in kinds), count_shift=descriptors.COUNT_SHIFT,
             async_try_bytes=paths.async_try_bytes, one_step_bytes=paths.one_step_bytes,
             allreduce_route=paths.allreduce_route, lanes=paths.lanes, align_bytes=lanes_module.ALIGN_BYTES,
@@ -311,12 +314,15 @@ class Collectives:
         descriptor is ``desc``'s but for the count: the one place that decides it, for every collective that
         has one. Not reductions whose plan needs something per call or after it (``Reduction.fixed``), nor
         movements of a dtype without an element code (``desc`` counts bytes). A fast path takes a call whose
-        (kind, dtype, op value or root) is in ``_fast_plans`` and that runs inline (``_inline``), once its
-        tensors meet the path's own conditions (plain, contiguous, sizes that agree)."""
+        (kind, dtype, op value or root; a reduce's: op value x size + root) is in ``_fast_plans`` and that runs
+        inline (``_inline``), once its tensors meet the path's own conditions (plain, contiguous, sizes that
+        agree)."""
         if red is not None:
             if not (red.fixed and self._reductions_fast):
                 return
             which = ops.kind_of(redop).value
+            if kind == descriptors.REDUCE:  # a reduce's descriptor names its root too
+                which = which * self._size + root
         elif not descriptors.counts_elements(desc):
             return
         else:
@@ -378,6 +384,7 @@ class Collectives:
         root = checks.root(opts.rootRank if opts is not None else 0, self._size, "reduce")
         red = self._reductions.plan(_reduce_op(opts), tensor.dtype, "reduce")
         desc = descriptors.descriptor(descriptors.REDUCE, red.view(tensor).numel(), red.dtype.code, red.code, root)
+        self._admit(descriptors.REDUCE, tensor.dtype, desc, _reduce_op(opts), red, root)
 
         def body():
             self._placement.reduce(tensor, root, red, desc)
@@ -632,7 +639,7 @@ class _TakesNone:
     def allreduce(self, tensors, opts) -> None:
         return None
 
-    broadcast = allreduce
+    broadcast = reduce = allreduce
 
     def allgather_into(self, output, input, opts) -> None:
         return None

@@ -118,7 +118,7 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
 
     # -- every call form of c10d's bindings ------------------------------------
 
-    # all_reduce, broadcast, all_gather (both forms) and reduce_scatter_tensor first try the compiled small
+    # all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor and reduce first try the compiled small
     # collectives (Collectives._compiled_small_collectives), which take the plain CPU calls of one node's
     # arena that one C schedule call on one lane runs, and return None for all others.
 
@@ -136,8 +136,12 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         return Collectives.allreduce_coalesced(self, tensors, opts)
 
-    @_general_path
     def reduce(self, tensors, opts=None, op=dist.ReduceOp.SUM, timeout=None):
+        work = self._small.reduce(tensors, opts)
+        return self._reduce_any(tensors, opts, op, timeout) if work is None else work
+
+    @_general_path(name="reduce")
+    def _reduce_any(self, tensors, opts=None, op=dist.ReduceOp.SUM, timeout=None):
         if not isinstance(opts, (dist.ReduceOptions, type(None))):  # reduce(tensor, root[, op, timeout])
             opts = _options(dist.ReduceOptions, timeout, rootRank=opts, reduceOp=op)
         return Collectives.reduce(self, _listed(tensors), opts)

@@ -155,7 +155,7 @@ class OneNode(OnArena):
         # all-gathers and reduce-scatters (per block) below it.
         self.compiled_bytes = {"all_reduce": max(self.one_shot_bytes, self._below_single_copy("all_reduce")),
                                **{kind: self._below_single_copy(kind)
-                                  for kind in ("broadcast", "all_gather", "reduce_scatter")}}
+                                  for kind in ("broadcast", "all_gather", "reduce_scatter", "reduce")}}
 
     def compiled_paths(self) -> CompiledPaths | None:
         one_step = int(min(self.one_shot_bytes, self.lanes.split_bytes - 1))  # one step on the caller's thread
