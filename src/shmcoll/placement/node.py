@@ -15,6 +15,7 @@ from shmcoll import ops
 from shmcoll.descriptors import BEYOND_ANY_MESSAGE
 from shmcoll.algorithms import allgather, allreduce, alltoall, barrier, broadcast, gather, reduce_scatter, scatter
 from shmcoll.p2p import PointToPoint, Recv, Send
+from shmcoll.placement import copy_path
 from shmcoll.placement.whole import allgather_whole
 from shmcoll.staging import staged, staged_empty, unstage
 
@@ -70,11 +71,6 @@ def _apart(sources: list[torch.Tensor], targets: list[torch.Tensor]) -> list[tor
     inputs while this rank writes its outputs. (Copies, not the copy path: the path must be the same on every
     rank, and only this one knows its tensors overlap.)"""
     return [t.clone() if any(_overlap(t, out) for out in targets) else t for t in sources]
-
-
-# The all-reduce's schedules on the caller's thread, by the kind its route names (``OneNode.allreduce_route``).
-_ON_ONE_LANE = {_lanes.ONE_SHOT: allreduce.one_shot, _lanes.ONE_SHOT_STEPS: allreduce.one_shot_steps,
-                _lanes.CHUNKED: allreduce.reduce_scatter_allgather}
 
 
 class CompiledPaths(NamedTuple):
@@ -217,23 +213,16 @@ class OneNode(OnArena):
             allreduce.single_copy(self.arena, work.data_ptr(), count, itemsize, red.kernel, red.op.kernel, red.scale,
                                   desc, lanes=self._single_copy_lanes(nbytes))
         else:
-            self._run_route(work.data_ptr(), count, itemsize, red, desc, *self.allreduce_route(nbytes))
+            copy_path.allreduce(self.arena, self.lanes, self.allreduce_route(nbytes), count, itemsize, work.data_ptr(),
+                                red.kernel, red.op.kernel, red.scale, desc)
         unstage(flat, work)
 
     def one_shot(self, tensor: torch.Tensor, count: int, red: ops.Reduction, desc: int) -> None:
         """All-reduce in one step: ``tensor`` contiguous, ``count`` (> 0) elements of ``red``'s dtype, at most
         ``one_shot_bytes``; the surface's small all-reduce path calls it directly."""
         itemsize = red.dtype.numpy.itemsize
-        self._run_route(tensor.data_ptr(), count, itemsize, red, desc, *self.allreduce_route(count * itemsize))
-
-    def _run_route(self, addr: int, count: int, itemsize: int, red: ops.Reduction, desc: int, kind: int,
-                   lanes: int) -> None:
-        """All-reduce ``count`` items of ``itemsize`` bytes at ``addr`` in place by their route
-        (``allreduce_route``)."""
-        if lanes > 1:
-            return self.lanes.run(kind, lanes, desc, count, itemsize, addr, kernel=red.kernel, op=red.op.kernel,
-                                  scale=red.scale)
-        _ON_ONE_LANE[kind](self.arena, addr, count, itemsize, red.kernel, red.op.kernel, red.scale, desc)
+        copy_path.allreduce(self.arena, self.lanes, self.allreduce_route(count * itemsize), count, itemsize,
+                            tensor.data_ptr(), red.kernel, red.op.kernel, red.scale, desc)
 
     def reduce(self, tensor: torch.Tensor, root: int, red: ops.Reduction, desc: int) -> None:
         flat = red.view(tensor)
@@ -252,12 +241,8 @@ class OneNode(OnArena):
         if self._single_copy("reduce", nbytes):
             return allreduce.single_copy(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
                                          red.scale, desc, root, self._single_copy_lanes(nbytes))
-        lanes = self.lanes.for_bytes(nbytes)
-        if lanes > 1:
-            return self.lanes.run(_lanes.CHUNKED, lanes, desc, work.numel(), itemsize, addr, kernel=red.kernel,
-                                  op=red.op.kernel, scale=red.scale, root=root)
-        allreduce.reduce_scatter_allgather(self.arena, addr, work.numel(), itemsize, red.kernel, red.op.kernel,
-                                           red.scale, desc, root=root)
+        copy_path.reduce(self.arena, self.lanes, work.numel(), itemsize, addr, red.kernel, red.op.kernel, red.scale,
+                         root, desc)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, red: ops.Reduction, desc: int) -> None:
         """``input``: contiguous, the group's size times ``output``'s elements, rank r's block r-th."""
@@ -273,13 +258,8 @@ class OneNode(OnArena):
             reduce_scatter.single_copy(self.arena, source.data_ptr(), block, itemsize, red.kernel, red.op.kernel,
                                        red.scale, into, desc, self._single_copy_lanes(block * itemsize))
             return unstage(out, target)
-        lanes = self.lanes.for_bytes(block * itemsize)
-        if lanes > 1:
-            self.lanes.run(_lanes.REDUCE_SCATTER, lanes, desc, block, itemsize, addr, out=into, block_stride=block,
-                           kernel=red.kernel, op=red.op.kernel, scale=red.scale)
-        else:
-            reduce_scatter.reduce_scatter(self.arena, addr, block, itemsize, red.kernel, red.op.kernel, red.scale,
-                                          into, desc, block_stride=block)
+        copy_path.reduce_scatter(self.arena, self.lanes, block, itemsize, addr, block, into, red.kernel, red.op.kernel,
+                                 red.scale, desc)
         unstage(out, target)
 
     # -- data movement -------------------------------------------------------
@@ -292,11 +272,7 @@ class OneNode(OnArena):
         if self._single_copy("broadcast", tensor.nbytes):
             broadcast.single_copy(self.arena, addr, tensor.nbytes, root, desc, self._single_copy_lanes(tensor.nbytes))
             return unstage(tensor, work)
-        lanes = self.lanes.for_bytes(tensor.nbytes)
-        if lanes > 1:
-            self.lanes.run(_lanes.BROADCAST, lanes, desc, tensor.nbytes, 1, addr, root=root)
-        else:
-            broadcast.broadcast(self.arena, addr, tensor.nbytes, root, desc)
+        copy_path.broadcast(self.arena, self.lanes, addr, tensor.nbytes, root, desc)
         unstage(tensor, work)
 
     def allgather(self, outputs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
@@ -312,7 +288,8 @@ class OneNode(OnArena):
             allgather.single_copy_each(self.arena, source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets],
                                        desc, self._single_copy_lanes(source.nbytes))
         else:
-            self._allgather(source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets], desc)
+            copy_path.allgather(self.arena, self.lanes, source.data_ptr(), source.nbytes,
+                                [t.data_ptr() for t in targets], desc)
         for out, target in zip(outputs, targets):
             unstage(out, target)
 
@@ -329,18 +306,8 @@ class OneNode(OnArena):
                 addr = source.data_ptr()
             allgather.single_copy(self.arena, addr, nbytes, out, nbytes, desc, self._single_copy_lanes(nbytes))
             return unstage(output, target)
-        self._allgather(addr, nbytes, (out, nbytes), desc)
+        copy_path.allgather(self.arena, self.lanes, addr, nbytes, (out, nbytes), desc)
         unstage(output, target)
-
-    def _allgather(self, addr: int, nbytes: int, outputs, desc: int) -> None:
-        """The copy path's all-gather into ``outputs`` (``allgather.Blocks``), over the lanes where it splits."""
-        lanes = self.lanes.for_bytes(nbytes)
-        if lanes > 1:
-            blocks = allgather.Blocks(outputs, nbytes)
-            self.lanes.run(_lanes.ALLGATHER, lanes, desc, nbytes, 1, addr, out=blocks.out, out_stride=blocks.stride,
-                           blocks=blocks.table)
-        else:
-            allgather.allgather(self.arena, addr, nbytes, outputs, desc)
 
     def allgather_windows(self, input: torch.Tensor, unit: int, consume, desc: int) -> None:
         nbytes = input.nbytes

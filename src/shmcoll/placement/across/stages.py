@@ -1,8 +1,8 @@
 """The node stages of the plans across nodes: shared memory inside this rank's node.
 
 Each is one of the arena's schedules (``shmcoll.algorithms``) over raw
-addresses, split over the rank's lanes (``shmcoll.lanes``) where its size calls
-for them as on one node, or its degenerate form when this rank is alone on its
+addresses, split over the rank's lanes where its size calls for them as on one
+node (``placement.copy_path``), or its degenerate form when this rank is alone on its
 node (no arena). Reductions here produce a node's *partial* result: the op of
 ``Reduction.across`` (AVG summed, PREMUL_SUM's factor applied once, here);
 ``partials`` combines the nodes' partials with the same kernels.
@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from shmcoll import lanes as _lanes
 from shmcoll import ops
 from shmcoll._copy import copy
-from shmcoll.algorithms import allgather as _allgather
 from shmcoll.algorithms import allreduce as _allreduce
 from shmcoll.algorithms import barrier as _barrier
-from shmcoll.algorithms import broadcast as _broadcast
 from shmcoll.algorithms import gather as _gather
-from shmcoll.algorithms import reduce_scatter as _reduce_scatter
 from shmcoll.algorithms import scatter as _scatter
+from shmcoll.placement import copy_path
 
 
 def reduce_scatter(shape, source: torch.Tensor, block_count: int, block_stride: int, red: ops.Reduction,
@@ -33,13 +30,8 @@ def reduce_scatter(shape, source: torch.Tensor, block_count: int, block_stride: 
         if scale != 1.0:
             out.mul_(scale)
         return
-    itemsize = source.element_size()
-    lanes = shape.lanes.for_bytes(block_count * itemsize)
-    if lanes > 1:
-        return shape.lanes.run(_lanes.REDUCE_SCATTER, lanes, desc, block_count, itemsize, source.data_ptr(),
-                               out=out.data_ptr(), block_stride=block_stride, kernel=red.kernel, op=op, scale=scale)
-    _reduce_scatter.reduce_scatter(shape.arena, source.data_ptr(), block_count, itemsize, red.kernel, op, scale,
-                                   out.data_ptr(), desc, block_stride=block_stride)
+    copy_path.reduce_scatter(shape.arena, shape.lanes, block_count, source.element_size(), source.data_ptr(),
+                             block_stride, out.data_ptr(), red.kernel, op, scale, desc)
 
 
 def reduce(shape, work: torch.Tensor, red: ops.Reduction, local_root: int, desc: int) -> None:
@@ -51,12 +43,9 @@ def reduce(shape, work: torch.Tensor, red: ops.Reduction, local_root: int, desc:
             work.mul_(scale)
     elif count * itemsize <= shape.one_shot_bytes:  # one step: every rank reduces, the root uses it
         _allreduce.one_shot(shape.arena, work.data_ptr(), count, itemsize, red.kernel, op, scale, desc)
-    elif (lanes := shape.lanes.for_bytes(count * itemsize)) > 1:
-        shape.lanes.run(_lanes.CHUNKED, lanes, desc, count, itemsize, work.data_ptr(), kernel=red.kernel, op=op,
-                        scale=scale, root=local_root)
     else:
-        _allreduce.reduce_scatter_allgather(shape.arena, work.data_ptr(), count, itemsize, red.kernel, op, scale,
-                                            desc, root=local_root)
+        copy_path.reduce(shape.arena, shape.lanes, count, itemsize, work.data_ptr(), red.kernel, op, scale, local_root,
+                         desc)
 
 
 def allgather(shape, addr: int, nbytes: int, out: int, stride: int, desc: int) -> None:
@@ -64,7 +53,7 @@ def allgather(shape, addr: int, nbytes: int, out: int, stride: int, desc: int) -
     if shape.arena is None:
         copy(out, addr, nbytes) if out != addr else None
         return
-    _copy_path(shape, addr, nbytes, (out, stride), desc)
+    copy_path.allgather(shape.arena, shape.lanes, addr, nbytes, (out, stride), desc)
 
 
 def allgather_to(shape, addr: int, nbytes: int, outputs: list[int], desc: int) -> None:
@@ -72,26 +61,13 @@ def allgather_to(shape, addr: int, nbytes: int, outputs: list[int], desc: int) -
     if shape.arena is None:
         copy(outputs[0], addr, nbytes) if outputs[0] != addr else None
         return
-    _copy_path(shape, addr, nbytes, outputs, desc)
-
-
-def _copy_path(shape, addr: int, nbytes: int, outputs, desc: int) -> None:
-    """The node's all-gather into ``outputs`` (``allgather.Blocks``), over the lanes where it splits."""
-    lanes = shape.lanes.for_bytes(nbytes)
-    if lanes > 1:
-        blocks = _allgather.Blocks(outputs, nbytes)
-        return shape.lanes.run(_lanes.ALLGATHER, lanes, desc, nbytes, 1, addr, out=blocks.out,
-                               out_stride=blocks.stride, blocks=blocks.table)
-    _allgather.allgather(shape.arena, addr, nbytes, outputs, desc)
+    copy_path.allgather(shape.arena, shape.lanes, addr, nbytes, outputs, desc)
 
 
 def broadcast(shape, addr: int, nbytes: int, local_root: int, desc: int) -> None:
     if shape.arena is None or not nbytes:
         return
-    lanes = shape.lanes.for_bytes(nbytes)
-    if lanes > 1:
-        return shape.lanes.run(_lanes.BROADCAST, lanes, desc, nbytes, 1, addr, root=local_root)
-    _broadcast.broadcast(shape.arena, addr, nbytes, local_root, desc)
+    copy_path.broadcast(shape.arena, shape.lanes, addr, nbytes, local_root, desc)
 
 
 def gather(shape, addr: int, nbytes: int, local_root: int, outputs: list[int], desc: int) -> None:
