@@ -49,7 +49,7 @@ cdef enum:
     STATUS_DONE = -1
     STATUS_MISMATCH = -2  # a peer published the first step for another collective
     STATUS_FAILED = -3  # single copy: a read of a peer's buffer failed (its errno and peer are kept)
-    STATUS_SIZES = -4  # single-copy all_to_all: the size tables disagree
+    STATUS_SIZES = -4  # all_to_all: the size tables disagree
     STATUS_CANCELLED = -5  # a lane stopped because another lane, or the caller, gave up
 
 # One rank's view of one sequence of steps and the buffers it owns.

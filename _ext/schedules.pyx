@@ -10,6 +10,7 @@ reduction kernels by address (``shmcoll.kernel_abi``). One file per collective:
     reduce_scatter.pxi   reduce_scatter
     allgather.pxi        allgather
     broadcast.pxi        broadcast
+    alltoall.pxi         alltoall
     lanes.pxi            Pool: one collective over several threads of a rank
 
 The compiled front of the small collectives (front.pyx) calls these schedules through shmcoll/_schedules.pxd.
@@ -36,6 +37,7 @@ include "allreduce.pxi"
 include "reduce_scatter.pxi"
 include "allgather.pxi"
 include "broadcast.pxi"
+include "alltoall.pxi"
 include "barrier.pxi"
 
 DONE = STATUS_DONE
@@ -140,6 +142,16 @@ cdef class Schedule:
         cdef Py_ssize_t status
         with nogil:
             status = broadcast(&self.s, base, desc, <char *>addr, nbytes, root, resume)
+        return status
+
+    def alltoall(self, uint32_t base, uint64_t desc, uintptr_t sends, uintptr_t recvs, uintptr_t tables,
+                 Py_ssize_t table_stride, uintptr_t agreed, Py_ssize_t resume):
+        """``sends``/``recvs``: addresses of (address, bytes) uint64 pairs per rank; ``tables``: the size tables
+        of step base + 1; ``agreed``: two int64 words kept until DONE (alltoall.pxi)."""
+        cdef Py_ssize_t status
+        with nogil:
+            status = alltoall(&self.s, base, desc, <const uint64_t *>sends, <const uint64_t *>recvs,
+                              <const char *>tables, table_stride, <int64_t *>agreed, resume)
         return status
 
 

@@ -250,6 +250,71 @@ def test_broadcast_resume(size, root, monkeypatch):
     segment.close()
 
 
+def _alltoall_sizes(size: int, call: int) -> list[list[int]]:
+    """Bytes rank r sends rank j in the ``call``-th all-to-all of a run: uneven, some empty, some several
+    parts long, and changing from call to call (so the number of steps does too)."""
+    shapes = (0, 1, 63, CHUNK // 2 + 3, CHUNK + 1, 3 * CHUNK + 7)
+    return [[shapes[(3 * r + j + call) % len(shapes)] for j in range(size)] for r in range(size)]
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_alltoall_resume_back_to_back(size, monkeypatch):
+    """All-to-alls one after another with no pause between them, each rank's sizes its own and changing: a rank
+    resumed late in one (1 us slices) while a peer that finished has begun the next and rewritten its size
+    table still moves every byte of this one; the largest flag any rank gave comes back on every rank."""
+    from shmcoll.algorithms import alltoall
+
+    segment, handles = _arenas(size, monkeypatch)
+    calls = 12
+    inputs = [[[np.random.default_rng((call, r, j)).integers(0, 255, n, dtype=np.uint8)
+                for j, n in enumerate(_alltoall_sizes(size, call)[r])] for r in range(size)] for call in range(calls)]
+    outputs = [[[np.zeros(_alltoall_sizes(size, call)[j][r], np.uint8) for j in range(size)] for r in range(size)]
+               for call in range(calls)]
+    flags = [[None] * size for _ in range(calls)]
+
+    def body(rank):
+        for call in range(calls):
+            send = [(block.ctypes.data, block.nbytes) for block in inputs[call][rank]]
+            recv = [(block.ctypes.data, block.nbytes) for block in outputs[call][rank]]
+            flags[call][rank] = alltoall.alltoall(handles[rank], send, recv, 70 + call, flag=call * 10 + rank)
+
+    _run_ranks(size, body)
+    for call in range(calls):
+        for r in range(size):
+            for j in range(size):
+                assert np.array_equal(outputs[call][r][j], inputs[call][j][r]), (call, j, r)
+        assert flags[call] == [call * 10 + size - 1] * size
+    del handles
+    segment.close()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_alltoall_sizes_that_disagree_raise_on_every_rank(size, monkeypatch):
+    """Rank 1 expects one byte more from rank 0 than rank 0 sends: every rank raises, naming both ranks and both
+    sizes, after the first step and with no output written."""
+    from shmcoll.algorithms import alltoall
+    from shmcoll.errors import SizesDisagreeError
+
+    segment, handles = _arenas(size, monkeypatch)
+    sent = [[np.full(CHUNK + 5, r, np.uint8) for _ in range(size)] for r in range(size)]
+    room = [[np.zeros(CHUNK + 5 + (r == 1 and j == 0), np.uint8) for j in range(size)] for r in range(size)]
+    raised = [None] * size
+
+    def body(rank):
+        try:
+            alltoall.alltoall(handles[rank], [(b.ctypes.data, b.nbytes) for b in sent[rank]],
+                              [(b.ctypes.data, b.nbytes) for b in room[rank]], 90)
+        except SizesDisagreeError as error:
+            raised[rank] = str(error)
+
+    _run_ranks(size, body)
+    assert all(text and "rank 0" in text and "rank 1" in text and str(CHUNK + 5) in text and str(CHUNK + 6) in text
+               for text in raised), raised
+    assert not any(block.any() for blocks in room for block in blocks), "an all-to-all whose sizes disagree wrote"
+    del handles
+    segment.close()
+
+
 def _with_lanes(size: int, lanes: int, body, monkeypatch):
     """Run ``body(rank, Lanes)`` on ``size`` thread-ranks whose arena has ``lanes`` lanes (native threads)."""
     from shmcoll.lanes import Lanes

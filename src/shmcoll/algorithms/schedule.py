@@ -1,7 +1,7 @@
 """Driving the C schedules (``shmcoll._schedules``, ``shmcoll._single_copy``): start one, settle slow waits, resume.
 
 A schedule returns DONE, MISMATCH, FAILED (a single-copy read failed), SIZES
-(single-copy all_to_all: the size tables disagree), or the position p of a
+(all_to_all: the size tables disagree), or the position p of a
 wait whose slice expired; position p waits for step base + p + 1, the last
 step this rank posted. Python then waits the slow way (deadline, dead
 peers, abandoned groups: ``Arena.wait_all``) and calls the schedule again from p.
