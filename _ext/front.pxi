@@ -29,8 +29,9 @@ cdef enum:
     _ALLGATHER = 2
     _REDUCE_SCATTER = 3
     _REDUCE = 4
-    _KINDS = 5
-    _BARRIER = 5  # where the barrier's options keep asyncOp (``async_at``), after the collectives above
+    _ALLTOALL = 5
+    _KINDS = 6
+    _BARRIER = 6  # where the barrier's options keep asyncOp (``async_at``), after the collectives above
 
 
 cdef class _Resume:
@@ -48,11 +49,27 @@ cdef class _Resume:
         return self.method(base, *self.args, resume)
 
 
+cdef class _Deferred:
+    """``function(*args)`` when called with no arguments: an all_to_all's ``sizes_error`` for ``finish_run``, made
+    only where a call needs the slow rest."""
+
+    cdef object function
+    cdef tuple args
+
+    def __cinit__(self, function, tuple args):
+        self.function = function
+        self.args = args
+
+    def __call__(self):
+        return self.function(*self.args)
+
+
 cdef class SmallCollectives:
-    """The group's all_reduce, broadcast, all_gather (into one tensor, or the list form), reduce_scatter_tensor and
-    reduce run here, where a call is plain contiguous CPU tensors of a plan admitted before, of a size the placement
-    runs on the copy path (``compiled_bytes``), synchronous, or asynchronous of at most ``async_try_bytes`` and
-    on one lane, with nothing queued, no profiler, no DEBUG log and no earlier error; else None.
+    """The group's all_reduce, broadcast, all_gather (into one tensor, or the list form), reduce_scatter_tensor,
+    reduce and all_to_all_single run here, where a call is plain contiguous CPU tensors of a plan admitted before,
+    of a size the placement runs on the copy path (``compiled_bytes``), synchronous, or asynchronous of at most
+    ``async_try_bytes`` and on one lane, with nothing queued, no profiler, no DEBUG log and no earlier error; else
+    None.
 
     It keeps the group's bookkeeping as ``Collectives._run`` does (its ``GroupState``). A wait that outlasts its
     slice, or a peer in another collective, goes to the Python functions that settle it the slow way
@@ -63,7 +80,7 @@ cdef class SmallCollectives:
 
     Made with keywords only, each named as the group's objects it stands for."""
 
-    cdef object plans, finish_one_shot, finish_run, finish_barrier, finish_later
+    cdef object plans, finish_one_shot, finish_run, finish_barrier, finish_later, alltoall_sizes_error
     cdef GroupState state  # the group's
     cdef Backlog backlog  # the group's progress engine's: a call runs here only with nothing before it
     cdef DebugSwitch debug  # where DEBUG is on, the general path logs each collective
@@ -88,6 +105,12 @@ cdef class SmallCollectives:
     cdef pool_start_t pool_start  # its pool, once started (``Lanes.starter``)
     cdef void *pool
     cdef uintptr_t *blocks  # the list form of all_gather: its outputs' addresses, one per rank (allgather.pxi)
+    # all_to_all_single: (address, bytes) of each rank's block of the input, then of the output (alltoall.pxi);
+    # the arena's size tables of each buffer, a row per rank; what the schedule agreed from the first step
+    cdef uint64_t *transfers
+    cdef uintptr_t tables[2]
+    cdef Py_ssize_t table_stride
+    cdef int64_t agreed[2]
     cdef readonly Py_ssize_t taken  # calls this path ran (tests check which path ran)
 
     def __init__(self, *, GroupState state, Backlog backlog, DebugSwitch debug, steps, Schedule schedule,
@@ -95,9 +118,10 @@ cdef class SmallCollectives:
                  Py_ssize_t one_step_bytes, allreduce_route, lanes, Py_ssize_t align_bytes,
                  finish_one_shot, finish_run, finish_barrier, finish_later, tensor_type, strided, error_type,
                  profiling, barrier_options, uint64_t barrier_desc, option_offsets, completed_type,
-                 shared_completed, wrappers):
+                 shared_completed, wrappers, tuple size_tables, alltoall_sizes_error):
         self.blocks = <uintptr_t *>malloc(schedule.s.size * sizeof(uintptr_t))
-        if self.blocks == NULL:
+        self.transfers = <uint64_t *>malloc(4 * schedule.s.size * sizeof(uint64_t))
+        if self.blocks == NULL or self.transfers == NULL:
             raise MemoryError()
         self.state = state
         self.backlog = backlog
@@ -131,6 +155,10 @@ cdef class SmallCollectives:
         self.finish_run = finish_run
         self.finish_barrier = finish_barrier
         self.finish_later = finish_later  # (desc, finish, args, result, inputs) -> the Work of the rest, queued
+        # Where the arena's size tables of buffers 0 and 1 are (int64 words, a row of ``table_stride`` bytes per
+        # local rank), and the error of an all_to_all whose tables disagree (``alltoall.sizes_error(arena, buffer)``)
+        self.tables[0], self.tables[1], self.table_stride = size_tables
+        self.alltoall_sizes_error = alltoall_sizes_error
         self.tensor_type = tensor_type
         self.strided = strided
         self.error_type = error_type  # the errors that make the group unusable (ShmcollError)
@@ -145,6 +173,7 @@ cdef class SmallCollectives:
 
     def __dealloc__(self):
         free(self.blocks)
+        free(self.transfers)
 
     # -- what every call checks ------------------------------------------------
 
@@ -268,10 +297,10 @@ cdef class SmallCollectives:
         return None
 
     cdef object _ran(self, Py_ssize_t status, int64_t base, uint64_t desc, _Resume call, result, inputs,
-                     bint async_op):
+                     bint async_op, sizes_error=None):
         """After the first call of a schedule that started after step ``base``: its record (as
         ``shmcoll.algorithms.schedule.run`` keeps it) where it finished, else ``finish_run`` with ``call``
-        (None where it finished); the call's Work."""
+        (None where it finished) and ``sizes_error`` (an all_to_all's); the call's Work."""
         cdef int64_t reached
         cdef StepCount steps
         if status == STATUS_DONE:  # steps.record_schedule(posted, reached), less its Python call
@@ -282,8 +311,8 @@ cdef class SmallCollectives:
                 steps.all_reached = reached
             self.state.in_collective = False
             return self._work(result, async_op)
-        later = self._settle(self.finish_run, (self.steps, self.schedule, desc, call, base, status), result, inputs,
-                             desc, async_op)
+        later = self._settle(self.finish_run, (self.steps, self.schedule, desc, call, base, status, sizes_error),
+                             result, inputs, desc, async_op)
         return later if later is not None else self._work(result, async_op)
 
     cdef object _work(self, result, bint async_op):
@@ -601,3 +630,84 @@ cdef class SmallCollectives:
         return self._ran(status, base, desc, None if status == STATUS_DONE else
                          _Resume(self.schedule.reduce_scatter, (desc, addr, count, count, itemsize, out, kernel, op,
                                                                 scale)), [output], [input], async_op)
+
+    def alltoall_single(self, output, input, output_split_sizes, input_split_sizes, opts):
+        """``group.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)`` on the copy path, on
+        this thread, with each rank's blocks as ``checks.split_bytes`` makes them; or None."""
+        if (type(opts) is not self.options[_ALLTOALL] or not self._plain(input) or not self._plain(output)
+                or input.dim() == 0 or output.dim() == 0):
+            return None
+        dtype = input.dtype
+        if output.dtype is not dtype:
+            return None
+        entry = self._entry(_ALLTOALL, dtype, 0)
+        if entry is None:
+            return None
+        cdef Py_ssize_t most = max(input.numel(), output.numel())
+        cdef bint async_op = self._async_op(_ALLTOALL, opts)
+        if (most > <Py_ssize_t>entry[1] or (async_op and most * <Py_ssize_t>entry[2] > self.async_try_bytes)
+                or not self._split(input, input_split_sizes, self.transfers)
+                or not self._split(output, output_split_sizes, self.transfers + 2 * self.size)
+                or not self._may_start()):
+            return None
+        cdef int64_t base = self.steps.step
+        cdef int buffer = (base + 1) & 1
+        cdef int64_t *row = <int64_t *>(self.tables[buffer] + self.schedule.s.me * self.table_stride)
+        cdef int r
+        for r in range(self.size):  # our size table, in the buffer of the schedule's first step (alltoall.pxi)
+            row[r] = self.transfers[2 * r + 1]
+            row[self.size + r] = self.transfers[2 * self.size + 2 * r + 1]
+        row[2 * self.size] = 0
+        cdef uint64_t desc = entry[0]  # an all_to_all's descriptor has no count
+        cdef Py_ssize_t status
+        cdef int64_t slice_ns = self._first_slice(async_op)
+        self._start(desc)
+        with nogil:
+            status = alltoall(&self.schedule.s, <uint32_t>base, desc, self.transfers, self.transfers + 2 * self.size,
+                              <const char *>self.tables[buffer], self.table_stride, self.agreed, -1)
+        self.schedule.s.slice_ns = slice_ns
+        if status == STATUS_DONE:
+            return self._ran(status, base, desc, None, [output], [input], async_op)
+        # The rest keeps its own copy of the blocks and of what was agreed, for as long as it runs.
+        transfers = PyBytes_FromStringAndSize(<char *>self.transfers, 4 * self.size * sizeof(uint64_t))
+        agreed = bytearray(PyBytes_FromStringAndSize(<char *>self.agreed, 2 * sizeof(int64_t)))
+        return self._ran(status, base, desc, _Resume(self._alltoall_rest, (desc, transfers, buffer, agreed)),
+                         [output], [input], async_op, _Deferred(self.alltoall_sizes_error, (self.steps, buffer)))
+
+    def _alltoall_rest(self, uint32_t base, uint64_t desc, bytes transfers, int buffer, bytearray agreed,
+                       Py_ssize_t resume):
+        """A schedule call of the rest of an all_to_all_single whose blocks ``transfers`` keeps."""
+        cdef const char *blocks = transfers
+        cdef char *kept = agreed
+        cdef Py_ssize_t status
+        with nogil:
+            status = alltoall(&self.schedule.s, base, desc, <const uint64_t *>blocks,
+                              <const uint64_t *>blocks + 2 * self.size, <const char *>self.tables[buffer],
+                              self.table_stride, <int64_t *>kept, resume)
+        return status
+
+    cdef bint _split(self, tensor, splits, uint64_t *blocks) except -1:
+        """(address, bytes) of each rank's block of ``tensor`` along dim 0 into ``blocks``, as
+        ``checks.split_bytes`` makes them from ``splits`` (rows per rank; none: even); False where it would
+        raise (the general path says why)."""
+        if type(splits) is not list:
+            return False
+        cdef Py_ssize_t rows = tensor.shape[0], given = len(<list>splits)
+        cdef Py_ssize_t row_bytes = tensor.nbytes // rows if rows else 0
+        cdef Py_ssize_t n, taken = 0
+        cdef uintptr_t addr = tensor.data_ptr()
+        cdef int r
+        if given == 0 and rows % self.size or given != 0 and given != self.size:
+            return False
+        for r in range(self.size):
+            if given == 0:
+                n = rows // self.size
+            else:
+                split = (<list>splits)[r]
+                if type(split) is not int or not 0 <= split <= rows:
+                    return False
+                n = split
+            blocks[2 * r] = addr + taken * row_bytes
+            blocks[2 * r + 1] = n * row_bytes
+            taken += n
+        return taken == rows

@@ -6,7 +6,8 @@
 Tensor parallelism (DTensor, ``parallelize_module``) and compiled code issue their collectives as
 functional collectives (``torch.distributed._functional_collectives``, whose ops reach the group as
 asynchronous calls and are waited for by ``wait_tensor``); DDP, FSDP2 and pipelining call with
-``async_op=True``. For all_reduce, all_gather_into_tensor and reduce_scatter_tensor, float32, at each
+``async_op=True``. For all_reduce, all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (even
+blocks, what expert parallelism's token exchange and DTensor's redistribution run; --ops), float32, at each
 size, on shm (the default group), on a Gloo group over the same ranks, on a Python backend that moves
 nothing ("noop": the floor of each call form for a backend registered as shm is) and on torch's C++
 FakeProcessGroup ("fake": the floor for any backend, C++ included), interleaved:
@@ -35,7 +36,8 @@ import noop_backend  # bench/, beside this script
 from shmcoll_bench import script, timing
 from shmcoll_bench.sweep import Ctrl, parse_bytes
 
-OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")  # the default --ops
+EVERY_OP = (*OPS, "all_to_all_single")
 FORMS = ("sync", "async", "funcol", "funcol_", "list")
 
 
@@ -75,6 +77,15 @@ def calls(op: str, nbytes: int, group, world: int, rank: int):
             "list": returning(outs, lambda: dist.all_gather(outs, inp, group=group)),
         }
         return forms, lambda: None, torch.arange(world, dtype=torch.float32).repeat_interleave(per)
+    if op == "all_to_all_single":  # rank r's block j holds r * world + j
+        inp = (rank * world + torch.arange(world, dtype=torch.float32)).repeat_interleave(per)
+        out = torch.empty(per * world)
+        forms = {
+            "sync": returning(out, lambda: dist.all_to_all_single(out, inp, group=group)),
+            "async": returning(out, lambda: dist.all_to_all_single(out, inp, group=group, async_op=True).wait()),
+            "funcol": lambda: funcol.all_to_all_single(inp, None, None, group).wait(),
+        }
+        return forms, lambda: None, (torch.arange(world, dtype=torch.float32) * world + rank).repeat_interleave(per)
     inp, out = torch.ones(per * world), torch.empty(per)
     forms = {
         "sync": returning(out, lambda: dist.reduce_scatter_tensor(out, inp, group=group)),
@@ -87,7 +98,8 @@ def calls(op: str, nbytes: int, group, world: int, rank: int):
 def main() -> int:
     p = script.parser(__doc__)
     script.add_best_round_options(p, sizes="8,256K")
-    p.add_argument("--ops", default=",".join(OPS), help=f"comma list (default: {','.join(OPS)})")
+    p.add_argument("--ops", default=",".join(OPS),
+                   help=f"comma list of {', '.join(EVERY_OP)} (default: {','.join(OPS)})")
     args = p.parse_args()
     job = script.start(args.threads)
     rank, world = job.rank, job.world

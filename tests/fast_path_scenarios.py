@@ -22,7 +22,9 @@ class Subclass(torch.Tensor):
 CALLS = (("all_reduce", torch.float32, "sum"), ("all_reduce", torch.int32, "max"),
          ("reduce_scatter_tensor", torch.bfloat16, "sum"), ("broadcast", torch.float64, None),
          ("all_gather_into_tensor", torch.int16, None), ("all_gather", torch.float16, None),
-         ("reduce", torch.float32, "max"))
+         ("all_to_all_single", torch.int32, None), ("reduce", torch.float32, "max"))
+# (reduce last: its other ranks leave before its root, so a call right after one may find the root behind and go
+# the general way, see ``run`` below)
 OVERLAP_PAYS = 300_001  # above the one-shot limit and the inline asynchronous size: overlap pays
 # (count, asynchronous, tensor type, whether the fast path takes it once admitted), in order: the first admits
 VARIANTS = ((7, False, torch.Tensor, False), (7, False, torch.Tensor, True), (1, True, torch.Tensor, True),
@@ -34,10 +36,12 @@ REDUCING = ("all_reduce", "reduce_scatter_tensor", "reduce")
 LATE_PEER_CALLS = tuple(call for call in CALLS if call != ("all_reduce", torch.int32, "max"))
 BARRIERS = ((False, False), (True, False), (False, True))  # (asynchronous, a late peer)
 # The cases besides those tables: every root of a broadcast, every (op, root) of a reduce, async Works of their
-# own, and a list-form all_gather whose asynchronous call a late peer leaves to the progress thread.
-OTHER_CASES = _EVERY_ROOT, _EVERY_REDUCE, _WORKS_OWN, _LATE_LISTED = (
+# own, a list-form all_gather and an all_to_all_single whose asynchronous calls a late peer leaves to the progress
+# thread, and all_to_all_single's split sizes (uneven, and disagreeing between ranks).
+OTHER_CASES = _EVERY_ROOT, _EVERY_REDUCE, _WORKS_OWN, _LATE_LISTED, _LATE_ALLTOALL, _SPLITS = (
     "fast_path/every_root", "fast_path/reduce/every_op_and_root", "fast_path/async_works_own",
-    "fast_path/all_gather/late_peer_async")
+    "fast_path/all_gather/late_peer_async", "fast_path/all_to_all_single/late_peer_async",
+    "fast_path/all_to_all_single/splits")
 
 
 def fast_paths(cases):
@@ -105,8 +109,19 @@ def fast_paths(cases):
         for r in range(world):
             assert_equal(outs[r].as_subclass(torch.Tensor), make_input(case, r, dtype, count), f"{case} block {r}")
 
+    def all_to_all_single(case, dtype, count, op_name, async_op, make=torch.Tensor):
+        # even blocks (no split sizes): rank r's block j is make_input(case/j, r)
+        out = torch.zeros(world * count, dtype=dtype).as_subclass(make)
+        source = torch.cat([make_input(f"{case}/{j}", rank, dtype, count) for j in range(world)])
+        work = dist.all_to_all_single(out, source, async_op=async_op)
+        if async_op:
+            own_work(case, work)
+        expected = torch.cat([make_input(f"{case}/{rank}", r, dtype, count) for r in range(world)])
+        assert_equal(out.as_subclass(torch.Tensor), expected, case)
+
     calls = {"all_reduce": all_reduce, "reduce_scatter_tensor": reduce_scatter, "broadcast": broadcast,
-             "all_gather_into_tensor": all_gather, "all_gather": all_gather_listed, "reduce": reduce}
+             "all_gather_into_tensor": all_gather, "all_gather": all_gather_listed, "reduce": reduce,
+             "all_to_all_single": all_to_all_single}
 
     # On one node, the calls of the fast paths that one C schedule call on one lane runs go whole through
     # compiled code (shmcoll._front.SmallCollectives), which keeps the group's bookkeeping
@@ -115,7 +130,7 @@ def fast_paths(cases):
     compiled_bytes = getattr(pg.placement, "compiled_bytes", {})
     placement_kind = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
                       "broadcast": "broadcast", "all_gather_into_tensor": "all_gather", "all_gather": "all_gather",
-                      "reduce": "reduce"}
+                      "reduce": "reduce", "all_to_all_single": "all_to_all"}
 
     for name, dtype, op_name in CALLS:
         call = calls[name]
@@ -124,7 +139,7 @@ def fast_paths(cases):
 
             if count == OVERLAP_PAYS:  # one rank runs everything inline (placement.single): it has nothing to overlap
                 fast = pg.placement.async_inline
-            if name in ("all_gather", "reduce") and compiled is None:  # no Python fast path for these
+            if name in ("all_gather", "reduce", "all_to_all_single") and compiled is None:  # no Python fast path
                 fast = False
 
             def run():
@@ -141,7 +156,9 @@ def fast_paths(cases):
                 assert either or bool(launches) != fast, f"{case}: took {went}"
                 want = fast and count * dtype.itemsize <= compiled_bytes.get(placement_kind[name], 0)
                 assert either or took == want, f"{case}: the compiled path took {took} calls, not {int(want)}"
-                assert pg._state.seq == seq + 1 and f"{count} elements) #{seq + 1}" in pg.describe_current(), \
+                # an all_to_all's descriptor names no count (each rank knows only its own sizes)
+                named = "all_to_all(int32) #" if name == "all_to_all_single" else f"{count} elements) #"
+                assert pg._state.seq == seq + 1 and f"{named}{seq + 1}" in pg.describe_current(), \
                     f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
 
             cases.run(case, run)
@@ -260,6 +277,61 @@ def fast_paths(cases):
             assert pg._small.taken >= before + 1, f"{_LATE_LISTED}: the compiled path did not take the call"
 
     cases.run(_LATE_LISTED, late_peer_listed_async)
+
+    def late_peer_alltoall_async():
+        # As the list form above: the rest of an asynchronous all_to_all_single left to the progress thread keeps
+        # its own copy of the blocks' addresses, which the next call's overwrite, and of what the first step agreed.
+        dist.barrier()
+        if rank == world - 1:
+            time.sleep(0.35)
+        before = pg._small.taken if compiled is not None else 0
+        late, later = f"{_LATE_ALLTOALL}/first", f"{_LATE_ALLTOALL}/later"
+        outs = [torch.zeros(world * 9, dtype=torch.int32) for _ in range(2)]
+        work = dist.all_to_all_single(outs[0], torch.cat([make_input(f"{late}/{j}", rank, torch.int32, 9)
+                                                          for j in range(world)]), async_op=True)
+        dist.all_to_all_single(outs[1], torch.cat([make_input(f"{later}/{j}", rank, torch.int32, 9)
+                                                   for j in range(world)]))
+        work.wait()
+        for out, name in zip(outs, (late, later)):
+            assert_equal(out, torch.cat([make_input(f"{name}/{rank}", r, torch.int32, 9) for r in range(world)]),
+                         name)
+        if compiled_bytes and world > 1:
+            assert pg._small.taken >= before + 1, f"{_LATE_ALLTOALL}: the compiled path did not take the call"
+
+    cases.run(_LATE_ALLTOALL, late_peer_alltoall_async)
+
+    def alltoall_splits():
+        # Uneven split sizes (some blocks empty) take the compiled path as even ones do, rows of 3 elements; split
+        # sizes that disagree between ranks raise on every rank, naming the pair, and the group stays usable.
+        from shmcoll.errors import SizesDisagreeError
+
+        table = [[(r + 2 * j) % 3 for j in range(world)] for r in range(world)]  # rows rank r sends rank j
+        rows = lambda r, j: make_input(f"{_SPLITS}/{r}/{j}", r, torch.float64, 3 * table[r][j]).reshape(-1, 3)
+        for n in range(2):  # the first admits the plan
+            before = pg._small.taken if compiled is not None else 0
+            out = torch.zeros(sum(table[r][rank] for r in range(world)), 3, dtype=torch.float64)
+            dist.all_to_all_single(out, torch.cat([rows(rank, j) for j in range(world)]),
+                                   [table[r][rank] for r in range(world)], table[rank])
+            assert_equal(out, torch.cat([rows(r, rank) for r in range(world)]), f"{_SPLITS}#{n}")
+        if compiled_bytes:
+            assert pg._small.taken == before + 1, f"{_SPLITS}: the compiled path did not take uneven splits"
+        if world < 2:
+            return
+        expects = [table[r][rank] + (rank == 1 and r == 0) for r in range(world)]  # rank 1: a row more from 0
+        out = torch.zeros(sum(expects), 3, dtype=torch.float64)
+        before = pg._small.taken if compiled is not None else 0
+        try:
+            dist.all_to_all_single(out, torch.cat([rows(rank, j) for j in range(world)]), expects, table[rank])
+        except SizesDisagreeError as error:
+            assert "rank 0 sends" in str(error) and "to rank 1" in str(error), f"{_SPLITS}: {error}"
+        else:
+            raise AssertionError(f"{_SPLITS}: split sizes that disagree raised nothing")
+        if compiled_bytes:
+            assert pg._small.taken == before + 1, f"{_SPLITS}: the compiled path did not take the call that disagrees"
+        assert not out.any(), f"{_SPLITS}: a call whose sizes disagree wrote its output"
+        dist.all_reduce(torch.ones(1))  # still usable
+
+    cases.run(_SPLITS, alltoall_splits)
 
     # The barrier takes the compiled path from its first call (it has no plan to admit); a late peer's barrier
     # must still hold everyone back (finish of shmcoll.algorithms.barrier, after the first slice).

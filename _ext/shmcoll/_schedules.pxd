@@ -24,6 +24,9 @@ cdef Py_ssize_t allgather(sched_t *s, uint32_t base, uint64_t desc, char *addr, 
                           Py_ssize_t out_stride, const uintptr_t *blocks, Py_ssize_t resume) noexcept nogil
 cdef Py_ssize_t broadcast(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t nbytes, int root,
                           Py_ssize_t resume) noexcept nogil
+cdef Py_ssize_t alltoall(sched_t *s, uint32_t base, uint64_t desc, const uint64_t *sends, const uint64_t *recvs,
+                         const char *tables, Py_ssize_t table_stride, int64_t *agreed,
+                         Py_ssize_t resume) noexcept nogil
 cdef Py_ssize_t barrier(sched_t *s, uint32_t step, uint64_t desc) noexcept nogil
 
 

@@ -33,6 +33,7 @@ from shmcoll._logging import configure as _configure_logging
 from shmcoll._logging import log as _log
 from shmcoll import lanes as lanes_module
 from shmcoll.algorithms import allreduce as allreduce_algorithm
+from shmcoll.algorithms import alltoall as alltoall_algorithm
 from shmcoll.algorithms import barrier as barrier_algorithm
 from shmcoll.algorithms import schedule as schedule_driver
 from shmcoll.errors import AbortedError, ShmcollError
@@ -47,6 +48,7 @@ _ReduceScatterOptions = dist.ReduceScatterOptions
 _BroadcastOptions = dist.BroadcastOptions
 _ReduceOptions = dist.ReduceOptions
 _AllgatherOptions = _torch_compat.AllgatherOptions
+_AllToAllOptions = dist.AllToAllOptions
 _BarrierOptions = dist.BarrierOptions
 
 
@@ -101,8 +103,9 @@ class Collectives:
         self._placement = placement.create(store, rank, size, timeout, self._settings, self.describe_current)
         self._sparse_buffers = sparse.Buffers()  # empty until a sparse all_reduce
         self._async_inline = self._placement.async_inline
-        # The fast paths' plans (all_reduce, reduce_scatter_tensor, broadcast, all_gather in both forms, reduce), by
-        # (kind, dtype, op value or root), admitted by the general path as it meets them (``_admit``).
+        # The fast paths' plans (all_reduce, reduce_scatter_tensor, broadcast, all_gather in both forms, reduce,
+        # all_to_all_single), by (kind, dtype, op value or root), admitted by the general path as it meets them
+        # (``_admit``).
         self._fast_plans: dict = {}
         self._reductions_fast = _hash_is_op_value()
         paths = self._placement.compiled_paths()
@@ -114,19 +117,19 @@ class Collectives:
                                        f"timeout {timeout.total_seconds():g} s", *self._placement.summary()]))
 
     def _compiled_small_collectives(self, paths):
-        """The group's first try at all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor and reduce
-        (``ProcessGroupShm``): where the placement has compiled paths (``paths``: one node's arena), the calls
-        its fast paths would run inline on the copy path run whole in one compiled call, from the group's method
-        to the schedule or the lanes (``_front.SmallCollectives``), which returns None for every call it does
-        not take."""
-        kinds = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce")
+        """The group's first try at all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor, reduce and
+        all_to_all_single (``ProcessGroupShm``): where the placement has compiled paths (``paths``: one node's
+        arena), the calls its fast paths would run inline on the copy path run whole in one compiled call, from the
+        group's method to the schedule or the lanes (``_front.SmallCollectives``), which returns None for every call
+        it does not take."""
+        kinds = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce", "all_to_all")
         return _front.SmallCollectives(
             state=self._state, backlog=self._engine.backlog, debug=DebugSwitch(_log), steps=paths.steps,
             schedule=paths.schedule, plans=self._fast_plans,
             kinds=(descriptors.ALLREDUCE, descriptors.BROADCAST, descriptors.ALLGATHER, descriptors.REDUCE_SCATTER,
-                   descriptors.REDUCE),
+                   descriptors.REDUCE, descriptors.ALLTOALL),
             options=(_AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions,
-                     _ReduceOptions),
+                     _ReduceOptions, _AllToAllOptions),
             limits=tuple(paths.compiled_bytes[kind] for kind in kinds), count_shift=descriptors.COUNT_SHIFT,
             async_try_bytes=paths.async_try_bytes, one_step_bytes=paths.one_step_bytes,
             allreduce_route=paths.allreduce_route, lanes=paths.lanes, align_bytes=lanes_module.ALIGN_BYTES,
@@ -136,7 +139,8 @@ class Collectives:
             profiling=profiling.active, barrier_options=_BarrierOptions,
             barrier_desc=descriptors.descriptor(descriptors.BARRIER), option_offsets=option_fields.offsets,
             completed_type=CompletedWork, shared_completed=self._engine.shared_completed,
-            wrappers=_torch_compat.COLLECTIVE_WRAPPERS)
+            wrappers=_torch_compat.COLLECTIVE_WRAPPERS, size_tables=paths.size_tables,
+            alltoall_sizes_error=alltoall_algorithm.sizes_error)
 
     def _compiled_small_transfers(self, p2p):
         """The group's first try at send and recv (``ProcessGroupShm``): where the placement has compiled paths
@@ -553,6 +557,7 @@ class Collectives:
         # Whether a rank passed split sizes is its own affair (Gloo's contract): every rank's blocks are
         # explicit from here on, and the collective exchanges them (see algorithms.alltoall).
         desc = descriptors.descriptor(descriptors.ALLTOALL, 0, ops.movement_code(input.dtype))
+        self._admit(descriptors.ALLTOALL, input.dtype, desc)
         return self._launch(desc, lambda: self._placement.alltoall_single(output, input, out_blocks, in_blocks,
                                                                           desc), [output], opts, inputs=[input])
 
@@ -645,6 +650,9 @@ class _TakesNone:
         return None
 
     allgather = reduce_scatter = allgather_into
+
+    def alltoall_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> None:
+        return None
 
     def barrier(self, opts) -> None:
         return None

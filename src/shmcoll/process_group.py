@@ -242,8 +242,13 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
     def alltoall(self, output_tensors, input_tensors, opts=None):
         return Collectives.alltoall(self, output_tensors, input_tensors, opts)
 
-    @_general_path
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        work = self._small.alltoall_single(output, input, output_split_sizes, input_split_sizes, opts)
+        return (self._alltoall_base_any(output, input, output_split_sizes, input_split_sizes, opts) if work is None
+                else work)
+
+    @_general_path(name="alltoall_base")
+    def _alltoall_base_any(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         if isinstance(opts, timedelta):  # alltoall_base(..., timeout)
             opts = _options(dist.AllToAllOptions, opts)
         return Collectives.alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts)

@@ -31,7 +31,7 @@ def alltoall(arena, send, recv, desc: int, flag: int = 0) -> int:
     schedule.run(arena, arena.schedule, desc,
                  lambda base, resume: call(base, desc, addresses[0], addresses[1], addresses[2], table_stride,
                                            addresses[3], resume),
-                 sizes_error=lambda: _sizes_error(arena, buf))
+                 sizes_error=lambda: sizes_error(arena, buf))
     return agreed[1]
 
 
@@ -59,10 +59,10 @@ def single_copy(arena, send, recv, desc: int, lanes: int = 1) -> None:
     schedule.run(arena, sc, desc,
                  lambda base, resume: sc.alltoall(base, desc, sends.buffer_info()[0], recvs.buffer_info()[0],
                                                   tables.ctypes.data, tables.strides[0], lanes, resume),
-                 sizes_error=lambda: _sizes_error(arena, buf))
+                 sizes_error=lambda: sizes_error(arena, buf))
 
 
-def _sizes_error(arena, buf: int) -> Exception:
+def sizes_error(arena, buf: int) -> Exception:
     """The error of a schedule that found the size tables of ``buf`` disagree (SIZES; every rank reads the same
     tables, so every rank raises the same): the first sender and receiver that disagree, and their sizes."""
     size = arena.local_size

@@ -78,8 +78,8 @@ class CompiledPaths(NamedTuple):
     schedule, per collective the most bytes per rank they take (``compiled_bytes``: up to single copy's span),
     the all-reduce's one-step limit on one lane (``one_step_bytes``) and its route above it
     (``allreduce_route``), the lanes (``shmcoll.lanes.Lanes``: ``split_bytes``, ``for_bytes``, ``starter``,
-    ``finish``), how large an asynchronous call they begin (``async_try_bytes``; never one over lanes), and the
-    point-to-point engine."""
+    ``finish``), how large an asynchronous call they begin (``async_try_bytes``; never one over lanes), the
+    point-to-point engine, and the size tables all_to_all writes before its first step."""
     steps: object  # arena.Steps
     schedule: object  # _schedules.Schedule
     compiled_bytes: dict
@@ -88,6 +88,7 @@ class CompiledPaths(NamedTuple):
     lanes: object
     async_try_bytes: int
     p2p: PointToPoint
+    size_tables: tuple  # (address of buffer 0's size tables, of buffer 1's, bytes per rank's row): all_to_all's
 
 
 class OnArena:
@@ -148,15 +149,23 @@ class OneNode(OnArena):
                                 budgets=waits.inline)
         # The messages the group's compiled collectives take (_front.SmallCollectives): every size of the copy
         # path, the all-reduces of one one-shot step and those below single copy's span, and the broadcasts,
-        # all-gathers and reduce-scatters (per block) below it.
+        # all-gathers and reduce-scatters (per block) below it; all_to_all at every size or none (as
+        # ``_single_copy_alltoall``), the most of its input and output.
         self.compiled_bytes = {"all_reduce": max(self.one_shot_bytes, self._below_single_copy("all_reduce")),
                                **{kind: self._below_single_copy(kind)
-                                  for kind in ("broadcast", "all_gather", "reduce_scatter", "reduce")}}
+                                  for kind in ("broadcast", "all_gather", "reduce_scatter", "reduce")},
+                               "all_to_all": 0 if self._single_copy_alltoall() else BEYOND_ANY_MESSAGE}
 
     def compiled_paths(self) -> CompiledPaths | None:
         one_step = int(min(self.one_shot_bytes, self.lanes.split_bytes - 1))  # one step on the caller's thread
         return CompiledPaths(self.arena, self.arena.schedule, self.compiled_bytes, one_step, self.allreduce_route,
-                             self.lanes, self.async_try_bytes, self.p2p)
+                             self.lanes, self.async_try_bytes, self.p2p, self._size_tables())
+
+    def _size_tables(self) -> tuple[int, int, int]:
+        """Where the arena's size tables are, as addresses (``Arena.tables``' arrays would keep the segment mapped
+        after the group closes it)."""
+        tables = [self.arena.tables(buffer) for buffer in (0, 1)]
+        return tables[0].ctypes.data, tables[1].ctypes.data, tables[0].strides[0]
 
     def _below_single_copy(self, kind: str) -> int:
         """The most bytes per rank up to which no message of ``kind`` reads the peers' buffers (``_single_copy``)."""
