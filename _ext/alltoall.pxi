@@ -51,6 +51,16 @@ cdef inline int64_t largest_flag(int size, const char *tables, Py_ssize_t table_
     return largest
 
 
+# Copy ``n`` bytes of an all-to-all's output: with streaming stores where this rank's whole output (what it
+# receives, ``out_bytes``) reaches ``stream_bytes``, as an all-gather's (allgather.pxi; shmcoll.streaming). Each
+# rank decides for its own output: no peer reads it.
+cdef inline void receive(sched_t *s, Py_ssize_t out_bytes, char *dst, const char *src, Py_ssize_t n) noexcept nogil:
+    if out_bytes >= s.stream_bytes:
+        arch.shmcoll_copy_streaming(dst, src, n)
+    else:
+        memcpy(dst, src, n)
+
+
 # ``sends``/``recvs``: (address, bytes) per local rank, uint64 pairs; recvs[j] is where what rank j sends us goes.
 # ``tables``: step base + 1's size tables, written by every rank before the call. ``agreed`` (two int64 words the
 # caller keeps until DONE) gets, once the first step is read, the longest block and the largest flag any rank wrote
@@ -71,6 +81,9 @@ cdef Py_ssize_t alltoall(sched_t *s, uint32_t base, uint64_t desc, const uint64_
     cdef uint32_t step
     cdef int peer, me = s.me, size = s.size
     cdef char *mine
+    cdef Py_ssize_t out_bytes = 0
+    for peer in range(size):
+        out_bytes += <Py_ssize_t>recvs[2 * peer + 1]
     while longest < 0 or c * part < longest:
         start = c * part
         step = <uint32_t>(base + c + 1)
@@ -92,11 +105,12 @@ cdef Py_ssize_t alltoall(sched_t *s, uint32_t base, uint64_t desc, const uint64_
             longest = agreed[0] = longest_block(size, tables, table_stride)
             agreed[1] = largest_flag(size, tables, table_stride)
             if recvs[2 * me] != sends[2 * me]:
-                memcpy(<char *>recvs[2 * me], <char *>sends[2 * me], recvs[2 * me + 1])
+                receive(s, out_bytes, <char *>recvs[2 * me], <char *>sends[2 * me], recvs[2 * me + 1])
         for peer in range(size):
             nbytes = <Py_ssize_t>recvs[2 * peer + 1]
             if peer != me and start < nbytes:
-                memcpy(<char *>recvs[2 * peer] + start, slot(s, step, peer) + part_index(peer, me, size) * part,
-                       part if nbytes - start > part else nbytes - start)
+                receive(s, out_bytes, <char *>recvs[2 * peer] + start,
+                        slot(s, step, peer) + part_index(peer, me, size) * part,
+                        part if nbytes - start > part else nbytes - start)
         c += 1
     return STATUS_DONE

@@ -7,7 +7,9 @@ anyway: where the node's outputs and inputs together outgrow its last-level cach
 memory an output its reader finds in cache today. On the 2-core VM (32 MiB L3) an all_gather_into_tensor at 2
 ranks streamed took 80 against 45 us at 1 MiB, 7.5-8.3 against 8.8-9.7 ms at 64 MiB (BENCHMARKS.md, "Threads
 per rank"). The all-gathers' copy-out decides by it (``_ext/allgather.pxi``): their whole output is the
-largest buffer a rank writes, read by no peer.
+largest buffer a rank writes, read by no peer. An all-to-all's copy-out (``_ext/alltoall.pxi``) uses the same
+threshold for what it receives; its inputs are as large as its outputs, so it streams a little later than the
+cache alone would say (16 MiB at 2 ranks: 2.07-2.40 ms before, 1.50-1.91 streamed, BENCHMARKS.md).
 """
 from __future__ import annotations
 

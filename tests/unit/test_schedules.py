@@ -258,13 +258,17 @@ def _alltoall_sizes(size: int, call: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_alltoall_resume_back_to_back(size, monkeypatch):
+@pytest.mark.parametrize("streamed", [False, True])
+def test_alltoall_resume_back_to_back(size, streamed, monkeypatch):
     """All-to-alls one after another with no pause between them, each rank's sizes its own and changing: a rank
     resumed late in one (1 us slices) while a peer that finished has begun the next and rewritten its size
-    table still moves every byte of this one; the largest flag any rank gave comes back on every rank."""
+    table still moves every byte of this one; the largest flag any rank gave comes back on every rank. The same
+    bytes where the outputs are written with streaming stores (``set_streaming(1)``: every output)."""
     from shmcoll.algorithms import alltoall
 
     segment, handles = _arenas(size, monkeypatch)
+    for handle in handles:
+        handle.schedule.set_streaming(1 if streamed else BEYOND_ANY_MESSAGE)
     calls = 12
     inputs = [[[np.random.default_rng((call, r, j)).integers(0, 255, n, dtype=np.uint8)
                 for j, n in enumerate(_alltoall_sizes(size, call)[r])] for r in range(size)] for call in range(calls)]
