@@ -1,11 +1,11 @@
 # All-to-all over the arena's slots: rank r's block for rank j goes to rank j, with per-pair sizes in bytes.
-# Textually included by schedules.pyx (after lines.pxi and steps.pxi); every function runs without the GIL.
+# Textually included by schedules.pyx (after lines.pxi, steps.pxi and size_tables.pxi); every function runs without
+# the GIL.
 #
 # Every rank's sizes are its own arguments, so no rank can plan alone: before the schedule each rank writes its
-# *size table* (what it sends to and expects from every rank) beside its slot of step base + 1's buffer
-# (shmcoll.algorithms.alltoall). After that step every rank reads every table, so all agree on the number of
-# steps and all see the same disagreement (STATUS_SIZES) without a step of its own: the first pieces of data
-# travel with the tables.
+# row of the size tables (size_tables.pxi) beside its slot of step base + 1's buffer. After that step every rank
+# reads every row, so all agree on the number of steps and all see the same disagreement (STATUS_SIZES) without a
+# step of its own: the first pieces of data travel with the tables.
 
 
 # Each slot is cut into L - 1 parts, one per peer: rank r puts its pieces for rank j in part (j - r - 1) mod L,
@@ -16,39 +16,6 @@ cdef inline Py_ssize_t part_bytes(sched_t *s) noexcept nogil:
 
 cdef inline Py_ssize_t part_index(int sender, int receiver, int size) noexcept nogil:
     return (receiver - sender - 1 + size) % size
-
-
-# The size tables: rank r's row at ``tables`` + r * ``table_stride``, int64 words: what r sends to each rank,
-# then what it expects from each, then a flag. Whether every block has the size its receiver expects, the
-# longest block, and the largest flag.
-cdef inline bint sizes_agree(int size, const char *tables, Py_ssize_t table_stride) noexcept nogil:
-    cdef int sender, receiver
-    for sender in range(size):
-        for receiver in range(size):
-            if ((<const int64_t *>(tables + sender * table_stride))[receiver]
-                    != (<const int64_t *>(tables + receiver * table_stride))[size + sender]):
-                return False
-    return True
-
-
-cdef inline Py_ssize_t longest_block(int size, const char *tables, Py_ssize_t table_stride) noexcept nogil:
-    cdef Py_ssize_t longest = 0
-    cdef int sender, receiver
-    for sender in range(size):
-        for receiver in range(size):
-            if (<const int64_t *>(tables + sender * table_stride))[receiver] > longest:
-                longest = (<const int64_t *>(tables + sender * table_stride))[receiver]
-    return longest
-
-
-cdef inline int64_t largest_flag(int size, const char *tables, Py_ssize_t table_stride) noexcept nogil:
-    cdef int64_t flag, largest = (<const int64_t *>tables)[2 * size]
-    cdef int rank
-    for rank in range(1, size):
-        flag = (<const int64_t *>(tables + rank * table_stride))[2 * size]
-        if flag > largest:
-            largest = flag
-    return largest
 
 
 # Copy ``n`` bytes of an all-to-all's output: with streaming stores where this rank's whole output (what it
@@ -100,7 +67,7 @@ cdef Py_ssize_t alltoall(sched_t *s, uint32_t base, uint64_t desc, const uint64_
         if c == 0:
             if _first_mismatch(s.lines, 0, size, step, desc) >= 0:
                 return STATUS_MISMATCH
-            if not sizes_agree(size, tables, table_stride):
+            if size_disagreement(size, tables, table_stride) >= 0:
                 return STATUS_SIZES
             longest = agreed[0] = longest_block(size, tables, table_stride)
             agreed[1] = largest_flag(size, tables, table_stride)

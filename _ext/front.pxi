@@ -652,12 +652,9 @@ cdef class SmallCollectives:
             return None
         cdef int64_t base = self.steps.step
         cdef int buffer = (base + 1) & 1
-        cdef int64_t *row = <int64_t *>(self.tables[buffer] + self.schedule.s.me * self.table_stride)
-        cdef int r
-        for r in range(self.size):  # our size table, in the buffer of the schedule's first step (alltoall.pxi)
-            row[r] = self.transfers[2 * r + 1]
-            row[self.size + r] = self.transfers[2 * self.size + 2 * r + 1]
-        row[2 * self.size] = 0
+        # Our row of the size tables, in the buffer of the schedule's first step (size_tables.pxi).
+        write_size_row(<int64_t *>(self.tables[buffer] + self.schedule.s.me * self.table_stride), self.size,
+                       self.transfers, self.transfers + 2 * self.size, 0)
         cdef uint64_t desc = entry[0]  # an all_to_all's descriptor has no count
         cdef Py_ssize_t status
         cdef int64_t slice_ns = self._first_slice(async_op)

@@ -21,6 +21,7 @@ from shmcoll._schedules cimport (Schedule, one_shot, one_shot_steps, chunked, re
 from shmcoll._state cimport StepCount, GroupState, Backlog, DebugSwitch
 
 include "lines.pxi"
+include "size_tables.pxi"
 include "callers.pxi"
 include "options.pxi"
 include "front.pxi"

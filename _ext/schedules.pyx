@@ -10,6 +10,7 @@ reduction kernels by address (``shmcoll.kernel_abi``). One file per collective:
     reduce_scatter.pxi   reduce_scatter
     allgather.pxi        allgather
     broadcast.pxi        broadcast
+    size_tables.pxi      the size tables an all-to-all's ranks write before it (also single_copy's, front's)
     alltoall.pxi         alltoall
     lanes.pxi            Pool: one collective over several threads of a rank
 
@@ -37,6 +38,7 @@ include "allreduce.pxi"
 include "reduce_scatter.pxi"
 include "allgather.pxi"
 include "broadcast.pxi"
+include "size_tables.pxi"
 include "alltoall.pxi"
 include "barrier.pxi"
 
@@ -153,6 +155,30 @@ cdef class Schedule:
             status = alltoall(&self.s, base, desc, <const uint64_t *>sends, <const uint64_t *>recvs,
                               <const char *>tables, table_stride, <int64_t *>agreed, resume)
         return status
+
+
+def size_table_words(int size) -> int:
+    """int64 words of a rank's row of the size tables (size_tables.pxi), for the arena's layout."""
+    return size_row_words(size)
+
+
+def write_size_table(uintptr_t tables, Py_ssize_t table_stride, int rank, int size, uintptr_t sends,
+                     uintptr_t recvs, int64_t flag):
+    """Rank ``rank``'s row of the size tables at ``tables`` (size_tables.pxi) from its blocks: ``sends``/``recvs``
+    the addresses of (address, bytes) uint64 pairs per rank, as ``Schedule.alltoall`` takes them."""
+    write_size_row(<int64_t *>(tables + rank * table_stride), size, <const uint64_t *>sends,
+                   <const uint64_t *>recvs, flag)
+
+
+def first_size_disagreement(uintptr_t tables, Py_ssize_t table_stride, int size):
+    """(sender, receiver, bytes sent, bytes expected) of the first block of the size tables at ``tables`` whose
+    sizes disagree; None where all agree (the check every all-to-all schedule makes)."""
+    cdef int found = size_disagreement(size, <const char *>tables, table_stride)
+    if found < 0:
+        return None
+    sender, receiver = divmod(found, size)
+    return (sender, receiver, size_row(<const char *>tables, table_stride, sender)[receiver],
+            size_row(<const char *>tables, table_stride, receiver)[size + sender])
 
 
 def combine(uintptr_t kernel, uintptr_t out, uintptr_t first, uintptr_t rows, Py_ssize_t nrows,

@@ -31,6 +31,7 @@ from schedule cimport (kernel_t, task_t, pool_for_t, MAX_POOL_LANES, STATUS_DONE
                        STATUS_SIZES)
 
 include "lines.pxi"
+include "size_tables.pxi"
 
 cdef extern from "<errno.h>" nogil:
     int errno
@@ -497,11 +498,8 @@ cdef class SingleCopy:
         if status != _ON:
             return status
         if resume < 1:
-            for peer in range(size):  # what peer sends other, against what other expects from peer
-                for other in range(size):
-                    if ((<int64_t *>(tables + peer * table_stride))[other]
-                            != (<int64_t *>(tables + other * table_stride))[size + peer]):
-                        return STATUS_SIZES
+            if size_disagreement(size, <const char *>tables, table_stride) >= 0:
+                return STATUS_SIZES
             for peer in range(size):
                 if peer == me:
                     if recvs[2 * me] != (<uint64_t *>sends)[2 * me]:

@@ -86,8 +86,8 @@ def lane_bytes(chunk_bytes: int) -> int:
 
 
 def table_words(local_size: int) -> int:
-    """int64 words of a rank's table: what it sends to and expects from each local rank, and a flag."""
-    return 2 * local_size + 1
+    """int64 words of a rank's table (all_to_all's size tables: ``_ext/size_tables.pxi``)."""
+    return _schedules.size_table_words(local_size)
 
 
 def table_bytes(local_size: int) -> int:
