@@ -10,6 +10,8 @@ reduction kernels by address (``shmcoll.kernel_abi``). One file per collective:
     reduce_scatter.pxi   reduce_scatter
     allgather.pxi        allgather
     broadcast.pxi        broadcast
+    gather.pxi           gather
+    scatter.pxi          scatter
     size_tables.pxi      the size tables an all-to-all's ranks write before it (also single_copy's, front's)
     alltoall.pxi         alltoall
     lanes.pxi            Pool: one collective over several threads of a rank
@@ -38,6 +40,8 @@ include "allreduce.pxi"
 include "reduce_scatter.pxi"
 include "allgather.pxi"
 include "broadcast.pxi"
+include "gather.pxi"
+include "scatter.pxi"
 include "size_tables.pxi"
 include "alltoall.pxi"
 include "barrier.pxi"
@@ -144,6 +148,23 @@ cdef class Schedule:
         cdef Py_ssize_t status
         with nogil:
             status = broadcast(&self.s, base, desc, <char *>addr, nbytes, root, resume)
+        return status
+
+    def gather(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root, uintptr_t outputs,
+               Py_ssize_t resume):
+        """``outputs``: on ``root``, the address of one output address per rank (uint64); elsewhere unread."""
+        cdef Py_ssize_t status
+        with nogil:
+            status = gather(&self.s, base, desc, <const char *>addr, nbytes, root, <const uintptr_t *>outputs,
+                            resume)
+        return status
+
+    def scatter(self, uint32_t base, uint64_t desc, uintptr_t inputs, Py_ssize_t nbytes, int root, uintptr_t out,
+                Py_ssize_t resume):
+        """``inputs``: on ``root``, the address of one input address per rank (uint64); elsewhere unread."""
+        cdef Py_ssize_t status
+        with nogil:
+            status = scatter(&self.s, base, desc, <const uintptr_t *>inputs, nbytes, root, <char *>out, resume)
         return status
 
     def alltoall(self, uint32_t base, uint64_t desc, uintptr_t sends, uintptr_t recvs, uintptr_t tables,

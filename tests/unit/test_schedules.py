@@ -250,6 +250,81 @@ def test_broadcast_resume(size, root, monkeypatch):
     segment.close()
 
 
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_gather_and_scatter_resume_back_to_back(size, monkeypatch):
+    """Gathers and scatters one after another, the root moving and the size changing from call to call (one byte
+    to several slots), with 1 us slices: a rank that leaves one early (every rank but a gather's root, a scatter's
+    root) starts the next while its peers are resumed in this one, and every byte lands where torch puts it."""
+    from shmcoll.algorithms import gather, scatter
+
+    segment, handles = _arenas(size, monkeypatch)
+    calls = [(kind, root, nbytes) for nbytes in (1, 7, CHUNK, 3 * CHUNK + 5) for root in range(size)
+             for kind in ("gather", "scatter")]
+    inputs = [[np.random.default_rng((call, r)).integers(0, 255, size * nbytes, dtype=np.uint8) for r in range(size)]
+              for call, (_, _, nbytes) in enumerate(calls)]
+    outputs = [[np.zeros(size * nbytes, np.uint8) for _ in range(size)] for _, _, nbytes in calls]
+
+    def body(rank):
+        for call, (kind, root, nbytes) in enumerate(calls):
+            mine, into = inputs[call][rank], outputs[call][rank]
+            blocks = [into.ctypes.data + j * nbytes for j in range(size)]
+            if kind == "gather":
+                gather.gather(handles[rank], mine.ctypes.data, nbytes, root, blocks, 90 + call)
+            else:
+                scatter.scatter(handles[rank], [mine.ctypes.data + j * nbytes for j in range(size)], nbytes, root,
+                                into.ctypes.data, 90 + call)
+
+    _run_ranks(size, body)
+    for call, (kind, root, nbytes) in enumerate(calls):
+        for r in range(size):
+            if kind == "gather":
+                expected = (np.concatenate([inputs[call][j][:nbytes] for j in range(size)]) if r == root
+                            else np.zeros(size * nbytes, np.uint8))
+            else:
+                expected = np.concatenate([inputs[call][root][r * nbytes:(r + 1) * nbytes],
+                                           np.zeros((size - 1) * nbytes, np.uint8)])
+            assert np.array_equal(outputs[call][r], expected), (kind, root, nbytes, r)
+    del handles
+    segment.close()
+
+
+@pytest.mark.parametrize("kind", ["gather", "scatter"])
+@pytest.mark.parametrize("root", [0, 1])
+@pytest.mark.parametrize("nbytes", [7, 3 * CHUNK + 5])
+def test_gather_and_scatter_against_another_collective_raise(kind, root, nbytes, monkeypatch):
+    """Rank 0 runs a gather or scatter to or from ``root`` while rank 1 runs an all-gather: the ranks that wait
+    for the other (a gather's root, a scatter's other rank, and every rank once a message takes several slots)
+    raise, naming both collectives, and rank 1's output stays as it was."""
+    from shmcoll.algorithms import allgather, gather, scatter
+    from shmcoll.errors import CollectiveError
+
+    segment, handles = _arenas(2, monkeypatch)
+    data = [np.arange(2 * nbytes, dtype=np.uint8) for _ in range(2)]
+    outs = [np.zeros(2 * nbytes, np.uint8) for _ in range(2)]
+    raised = {}
+
+    def body(rank):
+        try:
+            if rank == 1:
+                allgather.allgather(handles[1], data[1].ctypes.data, nbytes, (outs[1].ctypes.data, nbytes), 200)
+            elif kind == "gather":
+                gather.gather(handles[0], data[0].ctypes.data, nbytes, root,
+                              [outs[0].ctypes.data, outs[0].ctypes.data + nbytes], 201)
+            else:
+                scatter.scatter(handles[0], [data[0].ctypes.data, data[0].ctypes.data + nbytes], nbytes, root,
+                                outs[0].ctypes.data, 201)
+        except CollectiveError as error:
+            raised[rank] = str(error)
+
+    _run_ranks(2, body)
+    rank_0_waits = nbytes > CHUNK or (root == 0) == (kind == "gather")
+    assert {0, 1} - set(raised) <= ({1} if rank_0_waits else {0}), raised
+    assert all("mismatched collectives" in text for text in raised.values()), raised
+    assert not outs[1].any(), "a mismatch wrote the all-gather's output"
+    del handles
+    segment.close()
+
+
 def _alltoall_sizes(size: int, call: int) -> list[list[int]]:
     """Bytes rank r sends rank j in the ``call``-th all-to-all of a run: uneven, some empty, some several
     parts long, and changing from call to call (so the number of steps does too)."""

@@ -1,7 +1,10 @@
-"""Gather to one root: each step every rank publishes up to a slot of its input; the root copies all out."""
+"""Gather to one root: each step every rank publishes up to a slot of its input; the root copies all out.
+
+The schedule runs in C (``_ext/gather.pxi``)."""
+from array import array
+
 import numpy as np
 
-from shmcoll._copy import copy
 from shmcoll.algorithms import schedule
 
 # A root that names every rank: each gathers every input (single copy's all_gather into separate outputs).
@@ -10,19 +13,10 @@ EVERY_RANK = -1
 
 def gather(arena, addr: int, nbytes: int, root: int, outputs, desc: int) -> None:
     """On ``root``, ``outputs`` holds one address per local rank; elsewhere it is ignored."""
-    me, size, chunk = arena.local_rank, arena.local_size, arena.chunk_bytes
-    for start in range(0, nbytes, chunk):
-        n = min(chunk, nbytes - start)
-        step = arena.begin_write()
-        buf = step & 1
-        copy(arena.slot(buf, me), addr + start, n)
-        arena.post(step, desc)
-        if me == root:
-            arena.wait_all(step)
-            if start == 0:
-                arena.check_same_collective(step, desc)
-            for peer in range(size):
-                copy(outputs[peer] + start, arena.slot(buf, peer), n)
+    outs = array("Q", outputs if arena.local_rank == root else ())
+    call = arena.schedule.gather
+    schedule.run(arena, arena.schedule, desc,
+                 lambda base, resume: call(base, desc, addr, nbytes, root, outs.buffer_info()[0], resume))
 
 
 def single_copy(arena, addr: int, nbytes: int, root: int, outputs, desc: int, lanes: int = 1) -> None:
