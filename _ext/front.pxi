@@ -30,8 +30,10 @@ cdef enum:
     _REDUCE_SCATTER = 3
     _REDUCE = 4
     _ALLTOALL = 5
-    _KINDS = 6
-    _BARRIER = 6  # where the barrier's options keep asyncOp (``async_at``), after the collectives above
+    _GATHER = 6
+    _SCATTER = 7
+    _KINDS = 8
+    _BARRIER = 8  # where the barrier's options keep asyncOp (``async_at``), after the collectives above
 
 
 cdef class _Resume:
@@ -535,7 +537,7 @@ cdef class SmallCollectives:
                 or type(output_lists) is not list or len(output_lists) != 1):
             return None
         input, outputs = input_tensors[0], output_lists[0]
-        if type(outputs) is not list or len(outputs) != self.size or not self._plain(input):
+        if not self._plain(input):
             return None
         dtype = input.dtype
         entry = self._entry(_ALLGATHER, dtype, 0)
@@ -545,15 +547,23 @@ cdef class SmallCollectives:
         cdef bint async_op = self._async_op(_ALLGATHER, opts)
         if not self._gathers(entry, count, async_op):
             return None
-        cdef int r
-        for r in range(self.size):
-            output = outputs[r]
-            if not self._plain(output) or output.dtype is not dtype or output.numel() != count:
-                return None
-            self.blocks[r] = output.data_ptr()
-        if not self._may_start():
+        if not self._listed(outputs, dtype, count) or not self._may_start():
             return None
         return self._allgather(entry, count, async_op, input.data_ptr(), 0, True, output_lists, [input])
+
+    cdef bint _listed(self, tensors, dtype, Py_ssize_t count) except -1:
+        """Whether ``tensors`` is a list of one plain tensor of ``dtype`` and ``count`` elements per rank (the list
+        form of all_gather's outputs, a gather's root's, a scatter's root's inputs); their addresses into
+        ``blocks``."""
+        if type(tensors) is not list or len(<list>tensors) != self.size:
+            return False
+        cdef int r
+        for r in range(self.size):
+            tensor = (<list>tensors)[r]
+            if not self._plain(tensor) or tensor.dtype is not dtype or tensor.numel() != count:
+                return False
+            self.blocks[r] = tensor.data_ptr()
+        return True
 
     cdef inline bint _gathers(self, tuple entry, Py_ssize_t count, bint async_op):
         """Whether an all-gather of ``count`` elements per rank is this path's (its size, and its hand-off)."""
@@ -581,16 +591,16 @@ cdef class SmallCollectives:
         self.schedule.s.slice_ns = slice_ns
         if status == STATUS_DONE:
             rest = None
-        elif listed:  # the table as it is now, for as long as the rest runs (``_listed_rest``)
-            table = PyBytes_FromStringAndSize(<char *>blocks, self.size * sizeof(uintptr_t))
-            rest = _Resume(self._listed_rest, (desc, addr, nbytes, table))
+        elif listed:
+            rest = _Resume(self._listed_rest, (desc, addr, nbytes, self._kept_blocks(True)))
         else:
             rest = _Resume(self.schedule.allgather, (desc, addr, nbytes, out, nbytes, 0))
         return self._ran(status, base, desc, rest, result, inputs, async_op)
 
     def _listed_rest(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, bytes table,
                      Py_ssize_t resume):
-        """A schedule call of the rest of a list-form all_gather whose outputs' addresses ``table`` keeps."""
+        """A schedule call of the rest of a list-form all_gather whose outputs' addresses ``table`` keeps
+        (``_kept_blocks``)."""
         return self.schedule.allgather(base, desc, addr, nbytes, 0, nbytes, <uintptr_t><const char *>table, resume)
 
     def reduce_scatter(self, output, input, opts):
@@ -630,6 +640,95 @@ cdef class SmallCollectives:
         return self._ran(status, base, desc, None if status == STATUS_DONE else
                          _Resume(self.schedule.reduce_scatter, (desc, addr, count, count, itemsize, out, kernel, op,
                                                                 scale)), [output], [input], async_op)
+
+    def gather(self, output_lists, input_tensors, opts):
+        """``group.gather(output_lists, input_tensors, opts)`` on the copy path, on this thread: the root's
+        ``output_lists`` one list of a tensor per rank, the others' empty (as torch passes them); or None."""
+        if (type(opts) is not self.options[_GATHER] or type(input_tensors) is not list
+                or len(<list>input_tensors) != 1 or type(output_lists) is not list):
+            return None
+        input = (<list>input_tensors)[0]
+        if not self._plain(input):
+            return None
+        cdef int64_t root = self._root(_GATHER, opts)  # a root out of the group's range has no entry
+        dtype = input.dtype
+        entry = self._entry(_GATHER, dtype, root)
+        if entry is None:
+            return None
+        cdef Py_ssize_t count = input.numel()
+        cdef bint async_op = self._async_op(_GATHER, opts)
+        cdef bint at_root = root == self.schedule.s.me
+        if (not self._gathers(entry, count, async_op)
+                or not (self._listed((<list>output_lists)[0], dtype, count) if at_root and len(<list>output_lists) == 1
+                        else not at_root and len(<list>output_lists) == 0)
+                or not self._may_start()):
+            return None
+        cdef Py_ssize_t nbytes = count * <Py_ssize_t>entry[2]
+        cdef const uintptr_t *blocks = self.blocks if at_root else NULL
+        cdef uintptr_t addr = input.data_ptr()
+        cdef int64_t base = self.steps.step
+        cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
+        cdef Py_ssize_t status
+        cdef int64_t slice_ns = self._first_slice(async_op)
+        self._start(desc)
+        with nogil:
+            status = gather(&self.schedule.s, <uint32_t>base, desc, <const char *>addr, nbytes, <int>root, blocks, -1)
+        self.schedule.s.slice_ns = slice_ns
+        return self._ran(status, base, desc, None if status == STATUS_DONE else
+                         _Resume(self._gather_rest, (desc, addr, nbytes, root, self._kept_blocks(at_root))),
+                         output_lists, [input], async_op)
+
+    def scatter(self, output_tensors, input_lists, opts):
+        """``group.scatter(output_tensors, input_lists, opts)`` on the copy path, on this thread: the root's
+        ``input_lists`` one list of a tensor per rank, the others' empty (as torch passes them); or None."""
+        if (type(opts) is not self.options[_SCATTER] or type(output_tensors) is not list
+                or len(<list>output_tensors) != 1 or type(input_lists) is not list):
+            return None
+        output = (<list>output_tensors)[0]
+        if not self._plain(output):
+            return None
+        cdef int64_t root = self._root(_SCATTER, opts)
+        dtype = output.dtype
+        entry = self._entry(_SCATTER, dtype, root)
+        if entry is None:
+            return None
+        cdef Py_ssize_t count = output.numel()
+        cdef bint async_op = self._async_op(_SCATTER, opts)
+        cdef bint at_root = root == self.schedule.s.me
+        if (not self._gathers(entry, count, async_op)
+                or not (self._listed((<list>input_lists)[0], dtype, count) if at_root and len(<list>input_lists) == 1
+                        else not at_root and len(<list>input_lists) == 0)
+                or not self._may_start()):
+            return None
+        cdef Py_ssize_t nbytes = count * <Py_ssize_t>entry[2]
+        cdef const uintptr_t *blocks = self.blocks if at_root else NULL
+        cdef uintptr_t out = output.data_ptr()
+        cdef int64_t base = self.steps.step
+        cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
+        cdef Py_ssize_t status
+        cdef int64_t slice_ns = self._first_slice(async_op)
+        self._start(desc)
+        with nogil:
+            status = scatter(&self.schedule.s, <uint32_t>base, desc, blocks, nbytes, <int>root, <char *>out, -1)
+        self.schedule.s.slice_ns = slice_ns
+        return self._ran(status, base, desc, None if status == STATUS_DONE else
+                         _Resume(self._scatter_rest, (desc, self._kept_blocks(at_root), nbytes, root, out)),
+                         output_tensors, input_lists[0] if at_root else [], async_op)
+
+    cdef bytes _kept_blocks(self, bint listed):
+        """The ``blocks`` table as it is now (or nothing), for the rest of a call that reads it after this one
+        returns: a later call rewrites ``blocks``."""
+        return PyBytes_FromStringAndSize(<char *>self.blocks, self.size * sizeof(uintptr_t)) if listed else b""
+
+    def _gather_rest(self, uint32_t base, uint64_t desc, uintptr_t addr, Py_ssize_t nbytes, int root, bytes table,
+                     Py_ssize_t resume):
+        """A schedule call of the rest of a gather whose root's outputs' addresses ``table`` keeps."""
+        return self.schedule.gather(base, desc, addr, nbytes, root, <uintptr_t><const char *>table, resume)
+
+    def _scatter_rest(self, uint32_t base, uint64_t desc, bytes table, Py_ssize_t nbytes, int root, uintptr_t out,
+                      Py_ssize_t resume):
+        """A schedule call of the rest of a scatter whose root's inputs' addresses ``table`` keeps."""
+        return self.schedule.scatter(base, desc, <uintptr_t><const char *>table, nbytes, root, out, resume)
 
     def alltoall_single(self, output, input, output_split_sizes, input_split_sizes, opts):
         """``group.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)`` on the copy path, on

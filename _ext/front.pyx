@@ -4,7 +4,8 @@
     options.pxi   field_offset: where c10d's options keep a field, read here in C
     callers.pxi   whose code called: who may get the shared completed Work
     front.pxi     SmallCollectives: all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor,
-                  reduce, all_to_all_single and the barrier, on the caller's thread or over the lanes
+                  reduce, gather, scatter, all_to_all_single and the barrier, on the caller's thread or over
+                  the lanes
 
 The schedules it runs are schedules.pyx's (shmcoll/_schedules.pxd), the state it keeps state.pyx's
 (shmcoll/_state.pxd).
@@ -16,8 +17,9 @@ from libc.string cimport memcpy
 
 from schedule cimport kernel_t, pool_start_t, STATUS_DONE
 from shmcoll._schedules cimport (Schedule, one_shot, one_shot_steps, chunked, reduce_scatter, allgather, broadcast,
-                                 alltoall, barrier, apart, unwrapped_step, KIND_ONE_SHOT, KIND_ONE_SHOT_STEPS,
-                                 KIND_CHUNKED, KIND_REDUCE_SCATTER, KIND_ALLGATHER, KIND_BROADCAST)
+                                 gather, scatter, alltoall, barrier, apart, unwrapped_step, KIND_ONE_SHOT,
+                                 KIND_ONE_SHOT_STEPS, KIND_CHUNKED, KIND_REDUCE_SCATTER, KIND_ALLGATHER,
+                                 KIND_BROADCAST)
 from shmcoll._state cimport StepCount, GroupState, Backlog, DebugSwitch
 
 include "lines.pxi"

@@ -35,7 +35,8 @@ cdef inline int size_disagreement(int size, const char *tables, Py_ssize_t table
     cdef int sender, receiver
     for sender in range(size):
         for receiver in range(size):
-            if size_row(tables, table_stride, sender)[receiver] != size_row(tables, table_stride, receiver)[size + sender]:
+            if (size_row(tables, table_stride, sender)[receiver]
+                    != size_row(tables, table_stride, receiver)[size + sender]):
                 return sender * size + receiver
     return -1
 

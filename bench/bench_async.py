@@ -7,7 +7,8 @@ Tensor parallelism (DTensor, ``parallelize_module``) and compiled code issue the
 functional collectives (``torch.distributed._functional_collectives``, whose ops reach the group as
 asynchronous calls and are waited for by ``wait_tensor``); DDP, FSDP2 and pipelining call with
 ``async_op=True``. For all_reduce, all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (even
-blocks, what expert parallelism's token exchange and DTensor's redistribution run; --ops), float32, at each
+blocks, what expert parallelism's token exchange and DTensor's redistribution run), gather and scatter (rank 0
+the root; no functional form) (--ops), float32, at each
 size, on shm (the default group), on a Gloo group over the same ranks, on a Python backend that moves
 nothing ("noop": the floor of each call form for a backend registered as shm is) and on torch's C++
 FakeProcessGroup ("fake": the floor for any backend, C++ included), interleaved:
@@ -37,7 +38,7 @@ from shmcoll_bench import script, timing
 from shmcoll_bench.sweep import Ctrl, parse_bytes
 
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")  # the default --ops
-EVERY_OP = (*OPS, "all_to_all_single")
+EVERY_OP = (*OPS, "all_to_all_single", "gather", "scatter")
 FORMS = ("sync", "async", "funcol", "funcol_", "list")
 
 
@@ -86,6 +87,23 @@ def calls(op: str, nbytes: int, group, world: int, rank: int):
             "funcol": lambda: funcol.all_to_all_single(inp, None, None, group).wait(),
         }
         return forms, lambda: None, (torch.arange(world, dtype=torch.float32) * world + rank).repeat_interleave(per)
+    if op == "gather":  # to rank 0; rank r's block holds r (another rank's "output" is its input)
+        inp = torch.full((per,), float(rank))
+        outs = [torch.empty(per) for _ in range(world)] if rank == 0 else None
+        forms = {
+            "sync": returning(outs or inp, lambda: dist.gather(inp, outs, dst=0, group=group)),
+            "async": returning(outs or inp, lambda: dist.gather(inp, outs, dst=0, group=group, async_op=True).wait()),
+        }
+        want = torch.arange(world, dtype=torch.float32).repeat_interleave(per) if rank == 0 else inp
+        return forms, lambda: None, want
+    if op == "scatter":  # from rank 0; block j holds j
+        ins = [torch.full((per,), float(j)) for j in range(world)] if rank == 0 else None
+        out = torch.empty(per)
+        forms = {
+            "sync": returning(out, lambda: dist.scatter(out, ins, src=0, group=group)),
+            "async": returning(out, lambda: dist.scatter(out, ins, src=0, group=group, async_op=True).wait()),
+        }
+        return forms, lambda: None, torch.full((per,), float(rank))
     inp, out = torch.ones(per * world), torch.empty(per)
     forms = {
         "sync": returning(out, lambda: dist.reduce_scatter_tensor(out, inp, group=group)),

@@ -22,9 +22,13 @@ class Subclass(torch.Tensor):
 CALLS = (("all_reduce", torch.float32, "sum"), ("all_reduce", torch.int32, "max"),
          ("reduce_scatter_tensor", torch.bfloat16, "sum"), ("broadcast", torch.float64, None),
          ("all_gather_into_tensor", torch.int16, None), ("all_gather", torch.float16, None),
-         ("all_to_all_single", torch.int32, None), ("reduce", torch.float32, "max"))
+         ("all_to_all_single", torch.int32, None), ("gather", torch.float32, None), ("scatter", torch.int64, None),
+         ("reduce", torch.float32, "max"))
 # (reduce last: its other ranks leave before its root, so a call right after one may find the root behind and go
 # the general way, see ``run`` below)
+# The ranks of a gather (all but its root) and of a scatter (its root, and the others once the root is seen) leave
+# without waiting for every peer: a call of one starts after a barrier, so each rank's path is known.
+LEAVE_APART = ("gather", "scatter")
 OVERLAP_PAYS = 300_001  # above the one-shot limit and the inline asynchronous size: overlap pays
 # (count, asynchronous, tensor type, whether the fast path takes it once admitted), in order: the first admits
 VARIANTS = ((7, False, torch.Tensor, False), (7, False, torch.Tensor, True), (1, True, torch.Tensor, True),
@@ -38,10 +42,11 @@ BARRIERS = ((False, False), (True, False), (False, True))  # (asynchronous, a la
 # The cases besides those tables: every root of a broadcast, every (op, root) of a reduce, async Works of their
 # own, a list-form all_gather and an all_to_all_single whose asynchronous calls a late peer leaves to the progress
 # thread, and all_to_all_single's split sizes (uneven, and disagreeing between ranks).
-OTHER_CASES = _EVERY_ROOT, _EVERY_REDUCE, _WORKS_OWN, _LATE_LISTED, _LATE_ALLTOALL, _SPLITS = (
+OTHER_CASES = _EVERY_ROOT, _EVERY_REDUCE, _WORKS_OWN, _LATE_LISTED, _LATE_ALLTOALL, _SPLITS, _ROOTED, _LATE_ROOTED = (
     "fast_path/every_root", "fast_path/reduce/every_op_and_root", "fast_path/async_works_own",
     "fast_path/all_gather/late_peer_async", "fast_path/all_to_all_single/late_peer_async",
-    "fast_path/all_to_all_single/splits")
+    "fast_path/all_to_all_single/splits", "fast_path/gather_scatter/every_root",
+    "fast_path/gather_scatter/late_peer")
 
 
 def fast_paths(cases):
@@ -119,9 +124,28 @@ def fast_paths(cases):
         expected = torch.cat([make_input(f"{case}/{rank}", r, dtype, count) for r in range(world)])
         assert_equal(out.as_subclass(torch.Tensor), expected, case)
 
+    def gather(case, dtype, count, op_name, async_op, make=torch.Tensor, root=0):
+        # rank 0 gathers: the late peer (the last rank) is then one it waits for
+        outs = [torch.zeros(count, dtype=dtype).as_subclass(make) for _ in range(world)] if rank == root else None
+        work = dist.gather(make_input(case, rank, dtype, count).as_subclass(make), outs, dst=root, async_op=async_op)
+        if async_op:
+            own_work(case, work)
+        for r in range(world if rank == root else 0):
+            assert_equal(outs[r].as_subclass(torch.Tensor), make_input(case, r, dtype, count), f"{case} block {r}")
+
+    def scatter(case, dtype, count, op_name, async_op, make=torch.Tensor, root=world - 1):
+        # the root's block j is make_input(case/j, root)
+        ins = ([make_input(f"{case}/{j}", root, dtype, count).as_subclass(make) for j in range(world)]
+               if rank == root else None)
+        out = torch.zeros(count, dtype=dtype).as_subclass(make)
+        work = dist.scatter(out, ins, src=root, async_op=async_op)
+        if async_op:
+            own_work(case, work)
+        assert_equal(out.as_subclass(torch.Tensor), make_input(f"{case}/{rank}", root, dtype, count), case)
+
     calls = {"all_reduce": all_reduce, "reduce_scatter_tensor": reduce_scatter, "broadcast": broadcast,
              "all_gather_into_tensor": all_gather, "all_gather": all_gather_listed, "reduce": reduce,
-             "all_to_all_single": all_to_all_single}
+             "all_to_all_single": all_to_all_single, "gather": gather, "scatter": scatter}
 
     # On one node, the calls of the fast paths that one C schedule call on one lane runs go whole through
     # compiled code (shmcoll._front.SmallCollectives), which keeps the group's bookkeeping
@@ -130,7 +154,7 @@ def fast_paths(cases):
     compiled_bytes = getattr(pg.placement, "compiled_bytes", {})
     placement_kind = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
                       "broadcast": "broadcast", "all_gather_into_tensor": "all_gather", "all_gather": "all_gather",
-                      "reduce": "reduce", "all_to_all_single": "all_to_all"}
+                      "reduce": "reduce", "all_to_all_single": "all_to_all", "gather": "gather", "scatter": "scatter"}
 
     for name, dtype, op_name in CALLS:
         call = calls[name]
@@ -139,10 +163,12 @@ def fast_paths(cases):
 
             if count == OVERLAP_PAYS:  # one rank runs everything inline (placement.single): it has nothing to overlap
                 fast = pg.placement.async_inline
-            if name in ("all_gather", "reduce", "all_to_all_single") and compiled is None:  # no Python fast path
-                fast = False
+            if name in ("all_gather", "reduce", "all_to_all_single", *LEAVE_APART) and compiled is None:
+                fast = False  # no Python fast path
 
             def run():
+                if name in LEAVE_APART:
+                    dist.barrier()
                 launches.clear()
                 before = pg._small.taken if compiled is not None else 0
                 seq = pg._state.seq
@@ -250,6 +276,8 @@ def fast_paths(cases):
         call(case, dtype, 7, op_name, False)
         if compiled_bytes:
             assert pg._small.taken == before + 1, f"{case}: the compiled path did not take the late call"
+        if name in LEAVE_APART:  # the next case's calls find every rank here
+            dist.barrier()
 
     for name, dtype, op_name in LATE_PEER_CALLS:
         call = calls[name]
@@ -299,6 +327,52 @@ def fast_paths(cases):
             assert pg._small.taken >= before + 1, f"{_LATE_ALLTOALL}: the compiled path did not take the call"
 
     cases.run(_LATE_ALLTOALL, late_peer_alltoall_async)
+
+    def rooted_every_root():
+        # A gather's and a scatter's plan is keyed by its root (Collectives._admit): each root takes the compiled
+        # path once it has met its own, sync and async, with the descriptor of its own root.
+        for root in range(world):
+            for async_op in (False, True):
+                for name in LEAVE_APART:
+                    case = f"{_ROOTED}/{name}/root={root}/async={async_op}"
+                    for n in range(2):
+                        dist.barrier()
+                        before = pg._small.taken if compiled is not None else 0
+                        calls[name](f"{case}#{n}", torch.int16, 5, None, async_op, root=root)
+                        assert f"root {root}, 5 elements) #" in pg.describe_current(), \
+                            f"{case}#{n}: the group's bookkeeping says {pg.describe_current()!r}"
+                    took = (pg._small.taken - before) if compiled is not None else 0
+                    assert took == (1 if compiled_bytes else 0), f"{case}: the compiled path took {took} calls"
+
+    cases.run(_ROOTED, rooted_every_root)
+
+    def late_peer_rooted():
+        # The root's rest of a gather left to the progress thread (the last rank late) keeps its own copy of the
+        # outputs' addresses, which the next call's try rewrites; a scatter of several slots whose root must wait
+        # for the late rank before it reuses a buffer, likewise.
+        slot_elements = pg.placement.arena.chunk_bytes // 4 if compiled_bytes else 1
+        for name, count, async_op in (("gather", 9, True), ("scatter", 3 * slot_elements + 5, False)):
+            case = f"{_LATE_ROOTED}/{name}"
+            dist.barrier()
+            if rank == world - 1:
+                time.sleep(0.35)
+            before = pg._small.taken if compiled is not None else 0
+            if name == "gather":
+                outs = [torch.zeros(9) for _ in range(world)] if rank == 0 else None
+                work = dist.gather(make_input(case, rank, torch.float32, 9), outs, dst=0, async_op=True)
+                later = [torch.zeros(9) for _ in range(world)] if rank == 0 else None
+                dist.gather(make_input(f"{case}/later", rank, torch.float32, 9), later, dst=0)
+                work.wait()
+                for r in range(world if rank == 0 else 0):
+                    assert_equal(outs[r], make_input(case, r, torch.float32, 9), f"{case} block {r}")
+                    assert_equal(later[r], make_input(f"{case}/later", r, torch.float32, 9), f"{case} later {r}")
+            else:
+                scatter(case, torch.float32, count, None, False, root=0)
+            dist.barrier()
+            if compiled_bytes and world > 1 and count * 4 <= compiled_bytes[name]:
+                assert pg._small.taken >= before + 1, f"{case}: the compiled path did not take the call"
+
+    cases.run(_LATE_ROOTED, late_peer_rooted)
 
     def alltoall_splits():
         # Uneven split sizes (some blocks empty) take the compiled path as even ones do, rows of 3 elements; split

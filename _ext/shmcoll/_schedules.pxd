@@ -24,6 +24,10 @@ cdef Py_ssize_t allgather(sched_t *s, uint32_t base, uint64_t desc, char *addr, 
                           Py_ssize_t out_stride, const uintptr_t *blocks, Py_ssize_t resume) noexcept nogil
 cdef Py_ssize_t broadcast(sched_t *s, uint32_t base, uint64_t desc, char *addr, Py_ssize_t nbytes, int root,
                           Py_ssize_t resume) noexcept nogil
+cdef Py_ssize_t gather(sched_t *s, uint32_t base, uint64_t desc, const char *addr, Py_ssize_t nbytes, int root,
+                       const uintptr_t *outputs, Py_ssize_t resume) noexcept nogil
+cdef Py_ssize_t scatter(sched_t *s, uint32_t base, uint64_t desc, const uintptr_t *inputs, Py_ssize_t nbytes,
+                        int root, char *out, Py_ssize_t resume) noexcept nogil
 cdef Py_ssize_t alltoall(sched_t *s, uint32_t base, uint64_t desc, const uint64_t *sends, const uint64_t *recvs,
                          const char *tables, Py_ssize_t table_stride, int64_t *agreed,
                          Py_ssize_t resume) noexcept nogil

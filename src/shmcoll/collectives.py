@@ -49,6 +49,8 @@ _BroadcastOptions = dist.BroadcastOptions
 _ReduceOptions = dist.ReduceOptions
 _AllgatherOptions = _torch_compat.AllgatherOptions
 _AllToAllOptions = dist.AllToAllOptions
+_GatherOptions = dist.GatherOptions
+_ScatterOptions = dist.ScatterOptions
 _BarrierOptions = dist.BarrierOptions
 
 
@@ -104,8 +106,8 @@ class Collectives:
         self._sparse_buffers = sparse.Buffers()  # empty until a sparse all_reduce
         self._async_inline = self._placement.async_inline
         # The fast paths' plans (all_reduce, reduce_scatter_tensor, broadcast, all_gather in both forms, reduce,
-        # all_to_all_single), by (kind, dtype, op value or root), admitted by the general path as it meets them
-        # (``_admit``).
+        # gather, scatter, all_to_all_single), by (kind, dtype, op value or root), admitted by the general path as
+        # it meets them (``_admit``).
         self._fast_plans: dict = {}
         self._reductions_fast = _hash_is_op_value()
         paths = self._placement.compiled_paths()
@@ -117,19 +119,19 @@ class Collectives:
                                        f"timeout {timeout.total_seconds():g} s", *self._placement.summary()]))
 
     def _compiled_small_collectives(self, paths):
-        """The group's first try at all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor, reduce and
-        all_to_all_single (``ProcessGroupShm``): where the placement has compiled paths (``paths``: one node's
-        arena), the calls its fast paths would run inline on the copy path run whole in one compiled call, from the
-        group's method to the schedule or the lanes (``_front.SmallCollectives``), which returns None for every call
-        it does not take."""
-        kinds = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce", "all_to_all")
+        """The group's first try at all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor, reduce,
+        gather, scatter and all_to_all_single (``ProcessGroupShm``): where the placement has compiled paths
+        (``paths``: one node's arena), the calls its fast paths would run inline on the copy path run whole in one
+        compiled call, from the group's method to the schedule or the lanes (``_front.SmallCollectives``), which
+        returns None for every call it does not take."""
+        kinds = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce", "all_to_all", "gather", "scatter")
         return _front.SmallCollectives(
             state=self._state, backlog=self._engine.backlog, debug=DebugSwitch(_log), steps=paths.steps,
             schedule=paths.schedule, plans=self._fast_plans,
             kinds=(descriptors.ALLREDUCE, descriptors.BROADCAST, descriptors.ALLGATHER, descriptors.REDUCE_SCATTER,
-                   descriptors.REDUCE, descriptors.ALLTOALL),
+                   descriptors.REDUCE, descriptors.ALLTOALL, descriptors.GATHER, descriptors.SCATTER),
             options=(_AllreduceOptions, _BroadcastOptions, _AllgatherOptions, _ReduceScatterOptions,
-                     _ReduceOptions, _AllToAllOptions),
+                     _ReduceOptions, _AllToAllOptions, _GatherOptions, _ScatterOptions),
             limits=tuple(paths.compiled_bytes[kind] for kind in kinds), count_shift=descriptors.COUNT_SHIFT,
             async_try_bytes=paths.async_try_bytes, one_step_bytes=paths.one_step_bytes,
             allreduce_route=paths.allreduce_route, lanes=paths.lanes, align_bytes=lanes_module.ALIGN_BYTES,
@@ -525,6 +527,7 @@ class Collectives:
         tensor = checks.one_tensor(input_tensors, "gather")
         root, outputs = checks.rooted(opts, output_lists, tensor, self._size, self._rank, "gather", "output")
         desc = descriptors.descriptor(descriptors.GATHER, *ops.movement(tensor), 0, root)
+        self._admit(descriptors.GATHER, tensor.dtype, desc, root=root)
         return self._launch(desc, lambda: self._placement.gather(outputs, tensor, root, desc), output_lists, opts,
                             inputs=[tensor])
 
@@ -532,6 +535,7 @@ class Collectives:
         output = checks.one_tensor(output_tensors, "scatter output")
         root, inputs = checks.rooted(opts, input_lists, output, self._size, self._rank, "scatter", "input")
         desc = descriptors.descriptor(descriptors.SCATTER, *ops.movement(output), 0, root)
+        self._admit(descriptors.SCATTER, output.dtype, desc, root=root)
         return self._launch(desc, lambda: self._placement.scatter(output, inputs, root, desc), [output], opts,
                             inputs=inputs or [])
 
@@ -649,7 +653,7 @@ class _TakesNone:
     def allgather_into(self, output, input, opts) -> None:
         return None
 
-    allgather = reduce_scatter = allgather_into
+    allgather = reduce_scatter = gather = scatter = allgather_into
 
     def alltoall_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> None:
         return None

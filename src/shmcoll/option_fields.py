@@ -32,6 +32,8 @@ _FIELDS = {
     dist.ReduceScatterOptions: (48, (("reduceOp", 1, _OPS), ("asyncOp", 1, _FLAGS))),
     dist.ReduceOptions: (64, (("reduceOp", 1, _OPS), ("rootRank", 8, _ROOTS), ("asyncOp", 1, _FLAGS))),
     dist.AllToAllOptions: (16, (("asyncOp", 1, _FLAGS),)),
+    dist.GatherOptions: (24, (("rootRank", 8, _ROOTS), ("asyncOp", 1, _FLAGS))),
+    dist.ScatterOptions: (24, (("rootRank", 8, _ROOTS), ("asyncOp", 1, _FLAGS))),
     dist.BarrierOptions: (40, (("asyncOp", 1, _FLAGS),)),
 }
 

@@ -118,9 +118,10 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
 
     # -- every call form of c10d's bindings ------------------------------------
 
-    # all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor and reduce first try the compiled small
-    # collectives (Collectives._compiled_small_collectives), which take the plain CPU calls of one node's
-    # arena that one C schedule call on one lane runs, and return None for all others.
+    # all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor, reduce, gather, scatter,
+    # all_to_all_single and barrier first try the compiled small collectives
+    # (Collectives._compiled_small_collectives), which take the plain CPU calls of one node's arena that its C
+    # schedules run, and return None for all others.
 
     def allreduce(self, tensors, opts=None, timeout=None):
         work = self._small.allreduce(tensors, opts)
@@ -195,15 +196,23 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
-    @_general_path
     def gather(self, output_tensors, input_tensors, opts=None, timeout=None):
+        work = self._small.gather(output_tensors, input_tensors, opts)
+        return self._gather_any(output_tensors, input_tensors, opts, timeout) if work is None else work
+
+    @_general_path(name="gather")
+    def _gather_any(self, output_tensors, input_tensors, opts=None, timeout=None):
         if isinstance(input_tensors, torch.Tensor):  # gather(outputs, input, root[, timeout])
             output_tensors, input_tensors = [output_tensors] if output_tensors else [], [input_tensors]
             opts = _options(dist.GatherOptions, timeout, rootRank=opts)
         return Collectives.gather(self, output_tensors, input_tensors, opts)
 
-    @_general_path
     def scatter(self, output_tensors, input_tensors, opts=None, timeout=None):
+        work = self._small.scatter(output_tensors, input_tensors, opts)
+        return self._scatter_any(output_tensors, input_tensors, opts, timeout) if work is None else work
+
+    @_general_path(name="scatter")
+    def _scatter_any(self, output_tensors, input_tensors, opts=None, timeout=None):
         if isinstance(output_tensors, torch.Tensor):  # scatter(output, inputs, root[, timeout])
             output_tensors, input_tensors = [output_tensors], [input_tensors] if input_tensors else []
             opts = _options(dist.ScatterOptions, timeout, rootRank=opts)

@@ -149,11 +149,12 @@ class OneNode(OnArena):
                                 budgets=waits.inline)
         # The messages the group's compiled collectives take (_front.SmallCollectives): every size of the copy
         # path, the all-reduces of one one-shot step and those below single copy's span, and the broadcasts,
-        # all-gathers and reduce-scatters (per block) below it; all_to_all at every size or none (as
-        # ``_single_copy_alltoall``), the most of its input and output.
+        # all-gathers, reduce-scatters (per block), reduces, gathers and scatters below it; all_to_all at every size
+        # or none (as ``_single_copy_alltoall``), the most of its input and output.
         self.compiled_bytes = {"all_reduce": max(self.one_shot_bytes, self._below_single_copy("all_reduce")),
                                **{kind: self._below_single_copy(kind)
-                                  for kind in ("broadcast", "all_gather", "reduce_scatter", "reduce")},
+                                  for kind in ("broadcast", "all_gather", "reduce_scatter", "reduce", "gather",
+                                               "scatter")},
                                "all_to_all": 0 if self._single_copy_alltoall() else BEYOND_ANY_MESSAGE}
 
     def compiled_paths(self) -> CompiledPaths | None:
