@@ -236,7 +236,8 @@ cdef class SmallCollectives:
 
     cdef bint _may_start(self):
         """Whether a call may run here now: nothing queued or running, no profiler, no DEBUG log, no error,
-        and the arena's next step free to write (``Steps.begin_write`` would not wait)."""
+        and the arena's next step free to write (``Steps.begin_write`` would not wait, or not for longer than a
+        first slice: ``_all_reached_last``)."""
         if not self.backlog.idle() or self.profiling() or self.debug.on():
             return False
         # From here to in_collective (``_start``), nothing lets another thread run: a shutdown on one sets
@@ -244,17 +245,20 @@ cdef class SmallCollectives:
         return self.state.error is None and self._all_reached_last()
 
     cdef bint _all_reached_last(self):
-        """Whether every local rank has reached the last step this one posted, looked at without waiting. A
-        collective over the lanes posts one step of the arena's own and no more, so after it the step is
+        """Whether every local rank has reached the last step this one posted, waited for no longer than an
+        asynchronous call's first slice (``_first_slice``: the spin budget, and the yields where ranks share
+        cores), with the GIL held (see ``_may_start``) and without the futex. A rank that leaves a collective
+        before its peers (a reduce's or a gather's other ranks, a scatter's root) mostly finds them there within
+        that at its next call, which the general path would wait for the same way, ten microseconds of Python
+        later. A collective over the lanes posts one step of the arena's own and no more, so after it the step is
         known reached only once the peers are seen to have posted it too."""
         cdef StepCount steps = self.steps
-        cdef uint32_t step = <uint32_t>steps.step
-        cdef int r
+        cdef sched_t *s = &self.schedule.s
         if steps.all_reached >= steps.step:
             return True
-        for r in range(self.size):
-            if not arch.shmcoll_reached(arch.shmcoll_load_acquire_u32(_step_word(self.schedule.s.lines, r)), step):
-                return False
+        if _wait_ranks(s.lines, 0, self.size, s.me, <uint32_t>steps.step, s.spin_ns, s.yield_ns, self._short_wait_ns(),
+                       s.yield_company) >= 0:
+            return False
         steps.all_reached = steps.step
         return True
 
@@ -265,19 +269,22 @@ cdef class SmallCollectives:
         state.desc = desc
         state.in_collective = True  # the arena is in use: teardown must not unmap it under us
 
+    cdef inline int64_t _short_wait_ns(self) noexcept:
+        """How long a wait runs that must end before it would sleep: the spin budget, and the yield budget too
+        where local ranks outnumber the cores (``yield_company``), which hands this core to the peers the call
+        waits for (they need one to arrive)."""
+        return self.schedule.s.spin_ns + (self.schedule.s.yield_ns if self.schedule.s.yield_company > 0 else 0)
+
     cdef inline int64_t _first_slice(self, bint async_op) noexcept:
         """Make the schedule's first call of an asynchronous collective wait no longer than it would before it
-        sleeps (the rest is the progress thread's); returns the slice to restore after it.
+        sleeps (``_short_wait_ns``; the rest is the progress thread's); returns the slice to restore after it.
 
-        That is the spin budget; and where local ranks outnumber the cores (``yield_company``), the yield
-        budget too, which hands this core to the peers the call waits for (they need one to arrive): a call
-        left to the progress thread there costs its wake-ups on crowded cores, 5-15x the synchronous call (4
-        ranks on 2 cores, docs/benchmark-log.md, "Asynchronous means asynchronous"), where the peers mostly arrive within
-        the yields."""
+        The yields count where ranks share cores: a call left to the progress thread there costs its wake-ups
+        on crowded cores, 5-15x the synchronous call (4 ranks on 2 cores, docs/benchmark-log.md, "Asynchronous
+        means asynchronous"), where the peers mostly arrive within the yields."""
         cdef int64_t slice_ns = self.schedule.s.slice_ns
         if async_op:
-            self.schedule.s.slice_ns = self.schedule.s.spin_ns + (
-                self.schedule.s.yield_ns if self.schedule.s.yield_company > 0 else 0)
+            self.schedule.s.slice_ns = self._short_wait_ns()
         return slice_ns
 
     cdef object _settle(self, finish, tuple args, result, inputs, uint64_t desc, bint async_op):

@@ -15,7 +15,7 @@ from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
-from schedule cimport kernel_t, pool_start_t, STATUS_DONE
+from schedule cimport kernel_t, pool_start_t, sched_t, STATUS_DONE
 from shmcoll._schedules cimport (Schedule, one_shot, one_shot_steps, chunked, reduce_scatter, allgather, broadcast,
                                  gather, scatter, alltoall, barrier, apart, unwrapped_step, KIND_ONE_SHOT,
                                  KIND_ONE_SHOT_STEPS, KIND_CHUNKED, KIND_REDUCE_SCATTER, KIND_ALLGATHER,
