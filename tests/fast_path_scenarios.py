@@ -351,10 +351,14 @@ def fast_paths(cases):
     def late_peer_rooted():
         # The root's rest of a gather left to the progress thread (the last rank late) keeps its own copy of the
         # outputs' addresses, which the next call's try rewrites; a scatter of several slots whose root must wait
-        # for the late rank before it reuses a buffer, likewise.
+        # for the late rank before it reuses a buffer, likewise. Each after a call of its own (dtype, root) with no
+        # rank late: that one admits the plan where no case before did (Collectives._admit). What the compiled
+        # path took is read right after the calls: the barrier after them is one it may take too.
         slot_elements = pg.placement.arena.chunk_bytes // 4 if compiled_bytes else 1
         for name, count, async_op in (("gather", 9, True), ("scatter", 3 * slot_elements + 5, False)):
             case = f"{_LATE_ROOTED}/{name}"
+            dist.barrier()
+            calls[name](f"{case}/admitted", torch.float32, count, None, False, root=0)
             dist.barrier()
             if rank == world - 1:
                 time.sleep(0.35)
@@ -370,9 +374,10 @@ def fast_paths(cases):
                     assert_equal(later[r], make_input(f"{case}/later", r, torch.float32, 9), f"{case} later {r}")
             else:
                 scatter(case, torch.float32, count, None, False, root=0)
+            took = (pg._small.taken - before) if compiled is not None else 0
             dist.barrier()
             if compiled_bytes and world > 1 and count * 4 <= compiled_bytes[name]:
-                assert pg._small.taken >= before + 1, f"{case}: the compiled path did not take the call"
+                assert took >= 1, f"{case}: the compiled path did not take the call"
 
     cases.run(_LATE_ROOTED, late_peer_rooted)
 
