@@ -61,8 +61,7 @@ cdef Py_ssize_t broadcast(sched_t *s, uint32_t base, uint64_t desc, char *addr, 
                         return 0
                     if _first_mismatch(s.lines, 0, size, step, desc) >= 0:
                         return STATUS_MISMATCH
-                elif _wait_ranks(s.lines, root, root + 1, me, step, s.spin_ns, s.yield_ns,
-                                 s.slice_ns, s.yield_company) >= 0:
+                elif root_reached(s, root, step) >= 0:
                     return c
             _spread(s, step, addr + start, n, 0)
             waited = 0

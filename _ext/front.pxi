@@ -36,6 +36,14 @@ cdef enum:
     _BARRIER = 8  # where the barrier's options keep asyncOp (``async_at``), after the collectives above
 
 
+cdef struct _RootedCall:
+    # What a gather's or a scatter's preamble found (``SmallCollectives._rooted``).
+    Py_ssize_t count, nbytes
+    int64_t root
+    bint async_op, at_root
+    uint64_t desc
+
+
 cdef class _Resume:
     """``call(base, resume)`` for ``finish_run``: ``method(base, *args, resume)``, one of the Schedule's. Made only
     where a call needs the slow rest (a closure in each method would be made on every call)."""
@@ -246,7 +254,7 @@ cdef class SmallCollectives:
 
     cdef bint _all_reached_last(self):
         """Whether every local rank has reached the last step this one posted, waited for no longer than an
-        asynchronous call's first slice (``_first_slice``: the spin budget, and the yields where ranks share
+        asynchronous call's first slice (``_short_wait_ns``: the spin budget, and the yields where ranks share
         cores), with the GIL held (see ``_may_start``) and without the futex. A rank that leaves a collective
         before its peers (a reduce's or a gather's other ranks, a scatter's root) mostly finds them there within
         that at its next call, which the general path would wait for the same way, ten microseconds of Python
@@ -648,79 +656,76 @@ cdef class SmallCollectives:
                          _Resume(self.schedule.reduce_scatter, (desc, addr, count, count, itemsize, out, kernel, op,
                                                                 scale)), [output], [input], async_op)
 
+    cdef tuple _rooted(self, int which, tensors, lists, opts, _RootedCall *call):
+        """The entry of a gather's (``which``: _GATHER) or a scatter's (_SCATTER) call where it is this path's,
+        else None; the call's size, root and asynchrony into ``call``. ``tensors`` is one plain tensor (a gather's
+        input, a scatter's output); ``lists`` the root's one list of a tensor per rank (their addresses into
+        ``blocks``), the others' empty, as torch passes them."""
+        if (type(opts) is not self.options[which] or type(tensors) is not list or len(<list>tensors) != 1
+                or type(lists) is not list):
+            return None
+        tensor = (<list>tensors)[0]
+        if not self._plain(tensor):
+            return None
+        call.root = self._root(which, opts)  # a root out of the group's range has no entry
+        dtype = tensor.dtype
+        entry = self._entry(which, dtype, call.root)
+        if entry is None:
+            return None
+        call.count = tensor.numel()
+        call.async_op = self._async_op(which, opts)
+        call.at_root = call.root == self.schedule.s.me
+        if (not self._gathers(entry, call.count, call.async_op)
+                or not (self._listed((<list>lists)[0], dtype, call.count) if call.at_root and len(<list>lists) == 1
+                        else not call.at_root and len(<list>lists) == 0)
+                or not self._may_start()):
+            return None
+        call.nbytes = call.count * <Py_ssize_t>entry[2]
+        call.desc = <uint64_t>entry[0] | (<uint64_t>call.count) << self.count_shift
+        return entry
+
     def gather(self, output_lists, input_tensors, opts):
-        """``group.gather(output_lists, input_tensors, opts)`` on the copy path, on this thread: the root's
-        ``output_lists`` one list of a tensor per rank, the others' empty (as torch passes them); or None."""
-        if (type(opts) is not self.options[_GATHER] or type(input_tensors) is not list
-                or len(<list>input_tensors) != 1 or type(output_lists) is not list):
+        """``group.gather(output_lists, input_tensors, opts)`` on the copy path, on this thread (``_rooted``); or
+        None."""
+        cdef _RootedCall call
+        if self._rooted(_GATHER, input_tensors, output_lists, opts, &call) is None:
             return None
         input = (<list>input_tensors)[0]
-        if not self._plain(input):
-            return None
-        cdef int64_t root = self._root(_GATHER, opts)  # a root out of the group's range has no entry
-        dtype = input.dtype
-        entry = self._entry(_GATHER, dtype, root)
-        if entry is None:
-            return None
-        cdef Py_ssize_t count = input.numel()
-        cdef bint async_op = self._async_op(_GATHER, opts)
-        cdef bint at_root = root == self.schedule.s.me
-        if (not self._gathers(entry, count, async_op)
-                or not (self._listed((<list>output_lists)[0], dtype, count) if at_root and len(<list>output_lists) == 1
-                        else not at_root and len(<list>output_lists) == 0)
-                or not self._may_start()):
-            return None
-        cdef Py_ssize_t nbytes = count * <Py_ssize_t>entry[2]
-        cdef const uintptr_t *blocks = self.blocks if at_root else NULL
+        cdef const uintptr_t *blocks = self.blocks if call.at_root else NULL
         cdef uintptr_t addr = input.data_ptr()
         cdef int64_t base = self.steps.step
-        cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
         cdef Py_ssize_t status
-        cdef int64_t slice_ns = self._first_slice(async_op)
-        self._start(desc)
+        cdef int64_t slice_ns = self._first_slice(call.async_op)
+        self._start(call.desc)
         with nogil:
-            status = gather(&self.schedule.s, <uint32_t>base, desc, <const char *>addr, nbytes, <int>root, blocks, -1)
+            status = gather(&self.schedule.s, <uint32_t>base, call.desc, <const char *>addr, call.nbytes,
+                            <int>call.root, blocks, -1)
         self.schedule.s.slice_ns = slice_ns
-        return self._ran(status, base, desc, None if status == STATUS_DONE else
-                         _Resume(self._gather_rest, (desc, addr, nbytes, root, self._kept_blocks(at_root))),
-                         output_lists, [input], async_op)
+        return self._ran(status, base, call.desc, None if status == STATUS_DONE else
+                         _Resume(self._gather_rest, (call.desc, addr, call.nbytes, call.root,
+                                                     self._kept_blocks(call.at_root))),
+                         output_lists, [input], call.async_op)
 
     def scatter(self, output_tensors, input_lists, opts):
-        """``group.scatter(output_tensors, input_lists, opts)`` on the copy path, on this thread: the root's
-        ``input_lists`` one list of a tensor per rank, the others' empty (as torch passes them); or None."""
-        if (type(opts) is not self.options[_SCATTER] or type(output_tensors) is not list
-                or len(<list>output_tensors) != 1 or type(input_lists) is not list):
+        """``group.scatter(output_tensors, input_lists, opts)`` on the copy path, on this thread (``_rooted``); or
+        None."""
+        cdef _RootedCall call
+        if self._rooted(_SCATTER, output_tensors, input_lists, opts, &call) is None:
             return None
-        output = (<list>output_tensors)[0]
-        if not self._plain(output):
-            return None
-        cdef int64_t root = self._root(_SCATTER, opts)
-        dtype = output.dtype
-        entry = self._entry(_SCATTER, dtype, root)
-        if entry is None:
-            return None
-        cdef Py_ssize_t count = output.numel()
-        cdef bint async_op = self._async_op(_SCATTER, opts)
-        cdef bint at_root = root == self.schedule.s.me
-        if (not self._gathers(entry, count, async_op)
-                or not (self._listed((<list>input_lists)[0], dtype, count) if at_root and len(<list>input_lists) == 1
-                        else not at_root and len(<list>input_lists) == 0)
-                or not self._may_start()):
-            return None
-        cdef Py_ssize_t nbytes = count * <Py_ssize_t>entry[2]
-        cdef const uintptr_t *blocks = self.blocks if at_root else NULL
-        cdef uintptr_t out = output.data_ptr()
+        cdef const uintptr_t *blocks = self.blocks if call.at_root else NULL
+        cdef uintptr_t out = (<list>output_tensors)[0].data_ptr()
         cdef int64_t base = self.steps.step
-        cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
         cdef Py_ssize_t status
-        cdef int64_t slice_ns = self._first_slice(async_op)
-        self._start(desc)
+        cdef int64_t slice_ns = self._first_slice(call.async_op)
+        self._start(call.desc)
         with nogil:
-            status = scatter(&self.schedule.s, <uint32_t>base, desc, blocks, nbytes, <int>root, <char *>out, -1)
+            status = scatter(&self.schedule.s, <uint32_t>base, call.desc, blocks, call.nbytes, <int>call.root,
+                             <char *>out, -1)
         self.schedule.s.slice_ns = slice_ns
-        return self._ran(status, base, desc, None if status == STATUS_DONE else
-                         _Resume(self._scatter_rest, (desc, self._kept_blocks(at_root), nbytes, root, out)),
-                         output_tensors, input_lists[0] if at_root else [], async_op)
+        return self._ran(status, base, call.desc, None if status == STATUS_DONE else
+                         _Resume(self._scatter_rest, (call.desc, self._kept_blocks(call.at_root), call.nbytes,
+                                                      call.root, out)),
+                         output_tensors, input_lists[0] if call.at_root else [], call.async_op)
 
     cdef bytes _kept_blocks(self, bint listed):
         """The ``blocks`` table as it is now (or nothing), for the rest of a call that reads it after this one

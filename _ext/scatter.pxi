@@ -37,8 +37,7 @@ cdef Py_ssize_t scatter(sched_t *s, uint32_t base, uint64_t desc, const uintptr_
         else:
             if not waited:
                 post_step(s, step, desc)
-                if _wait_ranks(s.lines, root, root + 1, me, step, s.spin_ns, s.yield_ns, s.slice_ns,
-                               s.yield_company) >= 0:
+                if root_reached(s, root, step) >= 0:
                     return c
             if c == 0 and _first_mismatch(s.lines, root, root + 1, step, desc) >= 0:
                 return STATUS_MISMATCH

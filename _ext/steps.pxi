@@ -17,6 +17,13 @@ cdef inline int all_reached(sched_t *s, uint32_t step) noexcept nogil:
     return behind
 
 
+cdef inline int root_reached(sched_t *s, int root, uint32_t step) noexcept nogil:
+    """-1 once ``root`` has reached ``step``; else ``root``, still behind when the slice ended. Unlike
+    ``all_reached`` it records nothing: the other ranks may be behind (a broadcast's or a scatter's ranks wait
+    for the root alone)."""
+    return _wait_ranks(s.lines, root, root + 1, s.me, step, s.spin_ns, s.yield_ns, s.slice_ns, s.yield_company)
+
+
 cdef inline char *slot(sched_t *s, uint32_t step, int rank) noexcept nogil:
     """Start of ``rank``'s slot in the buffer step ``step`` uses."""
     return <char *>(s.data + (step & 1) * s.buffer_bytes + rank * s.stride)
