@@ -76,10 +76,10 @@ cdef class _Deferred:
 
 cdef class SmallCollectives:
     """The group's all_reduce, broadcast, all_gather (into one tensor, or the list form), reduce_scatter_tensor,
-    reduce and all_to_all_single run here, where a call is plain contiguous CPU tensors of a plan admitted before,
-    of a size the placement runs on the copy path (``compiled_bytes``), synchronous, or asynchronous of at most
-    ``async_try_bytes`` and on one lane, with nothing queued, no profiler, no DEBUG log and no earlier error; else
-    None.
+    reduce, gather, scatter and all_to_all (both forms) run here, where a call is plain contiguous CPU tensors of a
+    plan admitted before, of a size the placement runs on the copy path (``compiled_bytes``), synchronous, or
+    asynchronous of at most ``async_try_bytes`` and on one lane, with nothing queued, no profiler, no DEBUG log and
+    no earlier error; else None.
 
     It keeps the group's bookkeeping as ``Collectives._run`` does (its ``GroupState``). A wait that outlasts its
     slice, or a peer in another collective, goes to the Python functions that settle it the slow way
@@ -761,12 +761,58 @@ cdef class SmallCollectives:
                 or not self._split(output, output_split_sizes, self.transfers + 2 * self.size)
                 or not self._may_start()):
             return None
+        return self._alltoall(entry[0], async_op, [output], [input])
+
+    def alltoall(self, output_tensors, input_tensors, opts):
+        """``group.alltoall(output_tensors, input_tensors, opts)``, the list form (one tensor per rank each way, of
+        any sizes), as ``alltoall_single`` runs the other; or None."""
+        if (type(opts) is not self.options[_ALLTOALL] or type(input_tensors) is not list
+                or len(<list>input_tensors) != self.size):
+            return None
+        first = (<list>input_tensors)[0]
+        if type(first) is not self.tensor_type:
+            return None
+        dtype = first.dtype
+        entry = self._entry(_ALLTOALL, dtype, 0)
+        if entry is None:
+            return None
+        cdef Py_ssize_t itemsize = entry[2]
+        cdef Py_ssize_t sent = self._each(input_tensors, dtype, itemsize, self.transfers)
+        cdef Py_ssize_t received = self._each(output_tensors, dtype, itemsize, self.transfers + 2 * self.size)
+        cdef Py_ssize_t most = max(sent, received)
+        if sent < 0 or received < 0 or most > <Py_ssize_t>entry[1]:
+            return None
+        cdef bint async_op = self._async_op(_ALLTOALL, opts)
+        if (async_op and most * itemsize > self.async_try_bytes) or not self._may_start():
+            return None
+        return self._alltoall(entry[0], async_op, output_tensors, input_tensors)
+
+    cdef Py_ssize_t _each(self, tensors, dtype, Py_ssize_t itemsize, uint64_t *blocks) except -2:
+        """(address, bytes) of each rank's tensor of ``tensors`` into ``blocks``, where it is a list of one plain
+        tensor of ``dtype`` per rank (the list form of all_to_all); their elements in all, else -1."""
+        if type(tensors) is not list or len(<list>tensors) != self.size:
+            return -1
+        cdef Py_ssize_t n, total = 0
+        cdef int r
+        for r in range(self.size):
+            tensor = (<list>tensors)[r]
+            if not self._plain(tensor) or tensor.dtype is not dtype:
+                return -1
+            n = tensor.numel()
+            blocks[2 * r] = tensor.data_ptr()
+            blocks[2 * r + 1] = n * itemsize
+            total += n
+        return total
+
+    cdef object _alltoall(self, uint64_t desc, bint async_op, result, inputs):
+        """An all_to_all of the blocks in ``transfers`` (what this rank sends to each rank, then what it receives
+        from each), either form: its size table's row, then the schedule (an all_to_all's descriptor has no
+        count)."""
         cdef int64_t base = self.steps.step
         cdef int buffer = (base + 1) & 1
         # Our row of the size tables, in the buffer of the schedule's first step (size_tables.pxi).
         write_size_row(<int64_t *>(self.tables[buffer] + self.schedule.s.me * self.table_stride), self.size,
                        self.transfers, self.transfers + 2 * self.size, 0)
-        cdef uint64_t desc = entry[0]  # an all_to_all's descriptor has no count
         cdef Py_ssize_t status
         cdef int64_t slice_ns = self._first_slice(async_op)
         self._start(desc)
@@ -775,16 +821,18 @@ cdef class SmallCollectives:
                               <const char *>self.tables[buffer], self.table_stride, self.agreed, -1)
         self.schedule.s.slice_ns = slice_ns
         if status == STATUS_DONE:
-            return self._ran(status, base, desc, None, [output], [input], async_op)
-        # The rest keeps its own copy of the blocks and of what was agreed, for as long as it runs.
+            return self._ran(status, base, desc, None, result, inputs, async_op)
+        # The rest keeps its own copy of the blocks and of what was agreed, and (its Work) of the lists of the
+        # tensors it writes and reads by address, which the caller may change while it runs, for as long as it runs.
         transfers = PyBytes_FromStringAndSize(<char *>self.transfers, 4 * self.size * sizeof(uint64_t))
         agreed = bytearray(PyBytes_FromStringAndSize(<char *>self.agreed, 2 * sizeof(int64_t)))
         return self._ran(status, base, desc, _Resume(self._alltoall_rest, (desc, transfers, buffer, agreed)),
-                         [output], [input], async_op, _Deferred(self.alltoall_sizes_error, (self.steps, buffer)))
+                         list(result), list(inputs), async_op,
+                         _Deferred(self.alltoall_sizes_error, (self.steps, buffer)))
 
     def _alltoall_rest(self, uint32_t base, uint64_t desc, bytes transfers, int buffer, bytearray agreed,
                        Py_ssize_t resume):
-        """A schedule call of the rest of an all_to_all_single whose blocks ``transfers`` keeps."""
+        """A schedule call of the rest of an all_to_all (either form) whose blocks ``transfers`` keeps."""
         cdef const char *blocks = transfers
         cdef char *kept = agreed
         cdef Py_ssize_t status

@@ -4,7 +4,7 @@
     options.pxi   field_offset: where c10d's options keep a field, read here in C
     callers.pxi   whose code called: who may get the shared completed Work
     front.pxi     SmallCollectives: all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor,
-                  reduce, gather, scatter, all_to_all_single and the barrier, on the caller's thread or over
+                  reduce, gather, scatter, all_to_all (both forms) and the barrier, on the caller's thread or over
                   the lanes
 
 The schedules it runs are schedules.pyx's (shmcoll/_schedules.pxd), the state it keeps state.pyx's

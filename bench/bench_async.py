@@ -17,8 +17,9 @@ FakeProcessGroup ("fake": the floor for any backend, C++ included), interleaved:
   async       dist.<op>(..., async_op=True).wait()
   funcol      funcol.<op>(..., group) then wait_tensor (what DTensor and TP layers run)
   funcol_     torch.ops._c10d_functional.<op>_ (in place, all_reduce only) then wait_tensor
-  list        dist.all_gather(outputs, input), one output tensor per rank (all_gather only: the form
-              torchmetrics, Lightning and all_gather_object call)
+  list        the list form, one tensor per rank: dist.all_gather(outputs, input) (what torchmetrics,
+              Lightning and all_gather_object call), dist.all_to_all(outputs, inputs) (not on Gloo, which
+              has no list form of all_to_all)
 
 us per call: the slowest rank's best of --rounds rounds (a round: --iters-time seconds of calls after
 a barrier), and each form's time over the synchronous one's. Results are checked once per form.
@@ -81,11 +82,14 @@ def calls(op: str, nbytes: int, group, world: int, rank: int):
     if op == "all_to_all_single":  # rank r's block j holds r * world + j
         inp = (rank * world + torch.arange(world, dtype=torch.float32)).repeat_interleave(per)
         out = torch.empty(per * world)
+        ins, outs = list(inp.chunk(world)), [torch.empty(per) for _ in range(world)]
         forms = {
             "sync": returning(out, lambda: dist.all_to_all_single(out, inp, group=group)),
             "async": returning(out, lambda: dist.all_to_all_single(out, inp, group=group, async_op=True).wait()),
             "funcol": lambda: funcol.all_to_all_single(inp, None, None, group).wait(),
         }
+        if dist.get_backend(group) != "gloo":
+            forms["list"] = returning(outs, lambda: dist.all_to_all(outs, ins, group=group))
         return forms, lambda: None, (torch.arange(world, dtype=torch.float32) * world + rank).repeat_interleave(per)
     if op == "gather":  # to rank 0; rank r's block holds r (another rank's "output" is its input)
         inp = torch.full((per,), float(rank))

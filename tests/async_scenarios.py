@@ -67,7 +67,7 @@ class Collective:
             self.output = torch.empty(n)
             self.expected = inputs[rank]
             self.scattered = [t.clone() for t in inputs] if rank == self.root else None
-        elif name == "all_to_all_single":
+        elif name in ("all_to_all_single", "all_to_all"):
             blocks = [make_input(f"{case}/a2a", r, DTYPE, n * w) for r in range(w)]
             self.tensor, self.output = blocks[rank], torch.empty(n * w)
             self.expected = torch.cat([b[rank * n:(rank + 1) * n] for b in blocks])
@@ -99,6 +99,9 @@ class Collective:
             return dist.scatter(self.output, self.scattered, self.root, group=group, async_op=async_op)
         if name == "all_to_all_single":
             return dist.all_to_all_single(self.output, self.tensor, group=group, async_op=async_op)
+        if name == "all_to_all":  # the list form, over views of the same tensors
+            return dist.all_to_all(list(self.output.chunk(self.world)), list(self.tensor.chunk(self.world)),
+                                   group=group, async_op=async_op)
         return dist.barrier(group=group, async_op=async_op)
 
     def check(self) -> None:
@@ -109,14 +112,15 @@ class Collective:
             for got, want in zip(self.outputs, self.expected):
                 assert_equal(got, want, what)
         elif name in ("all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "scatter",
-                      "all_to_all_single"):
+                      "all_to_all_single", "all_to_all"):
             assert_equal(self.output, self.expected, what)
         else:
             assert_equal(self.tensor, self.expected, what)
 
 
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "gather", "scatter", "all_to_all_single", "barrier")
+               "reduce_scatter_tensor", "gather", "scatter", "all_to_all_single", "all_to_all", "barrier")
+GLOO_LACKS = ("all_to_all",)  # ProcessGroupGloo has no list form of all_to_all: shm alone
 
 
 def _groups(backend: str):
@@ -153,7 +157,7 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
 
     for name in COLLECTIVES:
         for nbytes in sizes if name != "barrier" else (0,):
-            for backend in ("gloo", "shm"):
+            for backend in ("gloo", "shm") if name not in GLOO_LACKS else ("shm",):
                 cases.run(f"crossed/{backend}/{name}/{nbytes}", crossed, backend, name, nbytes)
     # Empty tensors (a collective that still meets), and every call on the general path: under the profiler
     # the compiled small collectives take none.
@@ -220,6 +224,15 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
             output = blocks[rank][:n].clone()
             work = dist.broadcast(output, 0, group=group, async_op=True)
             expected = blocks[0][:n]
+        elif name == "all_to_all_single":
+            output = torch.empty(n * world)
+            work = dist.all_to_all_single(output, blocks[rank].clone(), group=group, async_op=True)
+            expected = torch.cat([b[rank * n:(rank + 1) * n] for b in blocks])
+        elif name == "all_to_all":  # the list form: the rest also needs where each block comes from and goes
+            outputs = [torch.empty(n) for _ in range(world)]
+            work = dist.all_to_all(outputs, [block.clone() for block in blocks[rank].chunk(world)], group=group,
+                                   async_op=True)
+            expected = torch.cat([b[rank * n:(rank + 1) * n] for b in blocks])
         else:
             output = blocks[rank][:n].clone()
             work = dist.all_reduce(output, group=group, async_op=True)
@@ -231,9 +244,10 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
             time.sleep(0.001)
         work.wait()
         del garbage
-        assert_equal(torch.cat(outputs) if name == "all_gather" else output, expected, case)
+        assert_equal(torch.cat(outputs) if name in ("all_gather", "all_to_all") else output, expected, case)
 
-    for name in ("all_reduce", "broadcast", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor"):
+    for name in ("all_reduce", "broadcast", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor",
+                 "all_to_all_single", "all_to_all"):
         for nbytes in (8, 4096, 240 << 10):
             for n in range(2):  # the second: the compiled path's call, once the first admitted its plan
                 cases.run(f"late_peers/{name}/{nbytes}#{n}", late_peers, name, nbytes)
@@ -332,6 +346,9 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
                 *tensors(given, n), 0, group=group, async_op=a),
             f"all_to_all_single/async={async_op}": lambda given, n, a=async_op: dist.all_to_all_single(
                 *tensors(given, n, n), group=group, async_op=a),
+            f"all_to_all/async={async_op}": lambda given, n, a=async_op: dist.all_to_all(
+                tensors(given, *[n // world] * world), tensors(given, *[n // world] * world), group=group,
+                async_op=a),
         })
     for name, call in calls.items():
         if name == "send_recv" and world % 2:

@@ -22,8 +22,8 @@ class Subclass(torch.Tensor):
 CALLS = (("all_reduce", torch.float32, "sum"), ("all_reduce", torch.int32, "max"),
          ("reduce_scatter_tensor", torch.bfloat16, "sum"), ("broadcast", torch.float64, None),
          ("all_gather_into_tensor", torch.int16, None), ("all_gather", torch.float16, None),
-         ("all_to_all_single", torch.int32, None), ("gather", torch.float32, None), ("scatter", torch.int64, None),
-         ("reduce", torch.float32, "max"))
+         ("all_to_all_single", torch.int32, None), ("all_to_all", torch.float64, None), ("gather", torch.float32, None),
+         ("scatter", torch.int64, None), ("reduce", torch.float32, "max"))
 # (reduce last: its other ranks leave before its root, so a call right after one may find the root behind and go
 # the general way, see ``run`` below)
 # The ranks of a gather (all but its root) and of a scatter (its root, and the others once the root is seen) leave
@@ -126,6 +126,21 @@ def fast_paths(cases):
         expected = torch.cat([make_input(f"{case}/{rank}", r, dtype, count) for r in range(world)])
         assert_equal(out.as_subclass(torch.Tensor), expected, case)
 
+    def all_to_all_listed(case, dtype, count, op_name, async_op, make=torch.Tensor):
+        # the list form, blocks of uneven sizes (count, or one more where source + destination is odd): rank r's
+        # block j is make_input(case/j, r)
+        def length(src, dst):
+            return count + (src + dst) % 2
+
+        outs = [torch.zeros(length(r, rank), dtype=dtype).as_subclass(make) for r in range(world)]
+        sources = [make_input(f"{case}/{j}", rank, dtype, length(rank, j)).as_subclass(make) for j in range(world)]
+        work = dist.all_to_all(outs, sources, async_op=async_op)
+        if async_op:
+            own_work(case, work)
+        for r in range(world):
+            assert_equal(outs[r].as_subclass(torch.Tensor), make_input(f"{case}/{rank}", r, dtype, length(r, rank)),
+                         f"{case} block {r}")
+
     def gather(case, dtype, count, op_name, async_op, make=torch.Tensor, root=0):
         # rank 0 gathers: the late peer (the last rank) is then one it waits for
         outs = [torch.zeros(count, dtype=dtype).as_subclass(make) for _ in range(world)] if rank == root else None
@@ -147,7 +162,8 @@ def fast_paths(cases):
 
     calls = {"all_reduce": all_reduce, "reduce_scatter_tensor": reduce_scatter, "broadcast": broadcast,
              "all_gather_into_tensor": all_gather, "all_gather": all_gather_listed, "reduce": reduce,
-             "all_to_all_single": all_to_all_single, "gather": gather, "scatter": scatter}
+             "all_to_all_single": all_to_all_single, "all_to_all": all_to_all_listed, "gather": gather,
+             "scatter": scatter}
 
     # On one node, the calls of the fast paths that one C schedule call on one lane runs go whole through
     # compiled code (shmcoll._front.SmallCollectives), which keeps the group's bookkeeping
@@ -156,7 +172,8 @@ def fast_paths(cases):
     compiled_bytes = getattr(pg.placement, "compiled_bytes", {})
     placement_kind = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
                       "broadcast": "broadcast", "all_gather_into_tensor": "all_gather", "all_gather": "all_gather",
-                      "reduce": "reduce", "all_to_all_single": "all_to_all", "gather": "gather", "scatter": "scatter"}
+                      "reduce": "reduce", "all_to_all_single": "all_to_all", "all_to_all": "all_to_all",
+                      "gather": "gather", "scatter": "scatter"}
 
     for name, dtype, op_name in CALLS:
         call = calls[name]
@@ -165,7 +182,7 @@ def fast_paths(cases):
 
             if count == OVERLAP_PAYS:  # one rank runs everything inline (placement.single): it has nothing to overlap
                 fast = pg.placement.async_inline
-            if name in ("all_gather", "reduce", "all_to_all_single", *LEAVE_APART) and compiled is None:
+            if name in ("all_gather", "reduce", "all_to_all_single", "all_to_all", *LEAVE_APART) and compiled is None:
                 fast = False  # no Python fast path
 
             def run():
@@ -185,7 +202,7 @@ def fast_paths(cases):
                 want = fast and count * dtype.itemsize <= compiled_bytes.get(placement_kind[name], 0)
                 assert either or took == want, f"{case}: the compiled path took {took} calls, not {int(want)}"
                 # an all_to_all's descriptor names no count (each rank knows only its own sizes)
-                named = "all_to_all(int32) #" if name == "all_to_all_single" else f"{count} elements) #"
+                named = f"all_to_all({str(dtype)[6:]}) #" if name.startswith("all_to_all") else f"{count} elements) #"
                 assert pg._state.seq == seq + 1 and f"{named}{seq + 1}" in pg.describe_current(), \
                     f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
 
@@ -310,21 +327,19 @@ def fast_paths(cases):
 
     def late_peer_alltoall_async():
         # As the list form above: the rest of an asynchronous all_to_all_single left to the progress thread keeps
-        # its own copy of the blocks' addresses, which the next call's overwrite, and of what the first step agreed.
+        # its own copy of the blocks' addresses, which the next call's overwrite (here the list form's, uneven, of
+        # the plan both forms share), and of what the first step agreed.
         dist.barrier()
         if rank == world - 1:
             time.sleep(0.35)
         before = pg._small.taken if compiled is not None else 0
-        late, later = f"{_LATE_ALLTOALL}/first", f"{_LATE_ALLTOALL}/later"
-        outs = [torch.zeros(world * 9, dtype=torch.int32) for _ in range(2)]
-        work = dist.all_to_all_single(outs[0], torch.cat([make_input(f"{late}/{j}", rank, torch.int32, 9)
-                                                          for j in range(world)]), async_op=True)
-        dist.all_to_all_single(outs[1], torch.cat([make_input(f"{later}/{j}", rank, torch.int32, 9)
-                                                   for j in range(world)]))
+        late = f"{_LATE_ALLTOALL}/first"
+        out = torch.zeros(world * 9, dtype=torch.int32)
+        work = dist.all_to_all_single(out, torch.cat([make_input(f"{late}/{j}", rank, torch.int32, 9)
+                                                      for j in range(world)]), async_op=True)
+        all_to_all_listed(f"{_LATE_ALLTOALL}/later", torch.int32, 9, None, False)
         work.wait()
-        for out, name in zip(outs, (late, later)):
-            assert_equal(out, torch.cat([make_input(f"{name}/{rank}", r, torch.int32, 9) for r in range(world)]),
-                         name)
+        assert_equal(out, torch.cat([make_input(f"{late}/{rank}", r, torch.int32, 9) for r in range(world)]), late)
         if compiled_bytes and world > 1:
             assert pg._small.taken >= before + 1, f"{_LATE_ALLTOALL}: the compiled path did not take the call"
 

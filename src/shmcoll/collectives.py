@@ -105,8 +105,8 @@ class Collectives:
         self._placement = placement.create(store, rank, size, timeout, self._settings, self.describe_current)
         self._sparse_buffers = sparse.Buffers()  # empty until a sparse all_reduce
         self._async_inline = self._placement.async_inline
-        # The fast paths' plans (all_reduce, reduce_scatter_tensor, broadcast, all_gather in both forms, reduce,
-        # gather, scatter, all_to_all_single), by (kind, dtype, op value or root), admitted by the general path as
+        # The fast paths' plans (all_reduce, reduce_scatter_tensor, broadcast, all_gather and all_to_all in both
+        # forms, reduce, gather, scatter), by (kind, dtype, op value or root), admitted by the general path as
         # it meets them (``_admit``).
         self._fast_plans: dict = {}
         self._reductions_fast = _hash_is_op_value()
@@ -120,7 +120,7 @@ class Collectives:
 
     def _compiled_small_collectives(self, paths):
         """The group's first try at all_reduce, broadcast, all_gather (both forms), reduce_scatter_tensor, reduce,
-        gather, scatter and all_to_all_single (``ProcessGroupShm``): where the placement has compiled paths
+        gather, scatter and all_to_all (both forms) (``ProcessGroupShm``): where the placement has compiled paths
         (``paths``: one node's arena), the calls its fast paths would run inline on the copy path run whole in one
         compiled call, from the group's method to the schedule or the lanes (``_front.SmallCollectives``), which
         returns None for every call it does not take."""
@@ -548,6 +548,7 @@ class Collectives:
             raise ValueError(f"all_to_all: the outputs are {outputs[0].dtype}, the inputs {inputs[0].dtype}")
         # No count: each rank knows only its own sizes (the collective exchanges them; see algorithms.alltoall).
         desc = descriptors.descriptor(descriptors.ALLTOALL, 0, ops.movement_code(inputs[0].dtype))
+        self._admit(descriptors.ALLTOALL, inputs[0].dtype, desc)  # the plan of both forms
         return self._launch(desc, lambda: self._placement.alltoall(outputs, inputs, desc), output_tensors, opts,
                             inputs=inputs)
 
@@ -653,7 +654,7 @@ class _TakesNone:
     def allgather_into(self, output, input, opts) -> None:
         return None
 
-    allgather = reduce_scatter = gather = scatter = allgather_into
+    allgather = reduce_scatter = gather = scatter = alltoall = allgather_into
 
     def alltoall_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> None:
         return None

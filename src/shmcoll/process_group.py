@@ -247,8 +247,12 @@ class ProcessGroupShm(Collectives, dist.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
-    @_general_path
     def alltoall(self, output_tensors, input_tensors, opts=None):
+        work = self._small.alltoall(output_tensors, input_tensors, opts)
+        return self._alltoall_any(output_tensors, input_tensors, opts) if work is None else work
+
+    @_general_path(name="alltoall")
+    def _alltoall_any(self, output_tensors, input_tensors, opts=None):
         return Collectives.alltoall(self, output_tensors, input_tensors, opts)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
