@@ -114,8 +114,9 @@ cdef class SmallCollectives:
     cdef Py_ssize_t split_bytes, align_bytes  # its ``split_bytes``, and where its stretches start
     cdef pool_start_t pool_start  # its pool, once started (``Lanes.starter``)
     cdef void *pool
-    cdef uintptr_t *blocks  # the list form of all_gather: its outputs' addresses, one per rank (allgather.pxi)
-    # all_to_all_single: (address, bytes) of each rank's block of the input, then of the output (alltoall.pxi);
+    # The list forms of all_gather, gather and scatter: their list's addresses, one per rank (``_walk``)
+    cdef uintptr_t *blocks
+    # all_to_all, either form: (address, bytes) of each rank's block of the input, then of the output (alltoall.pxi);
     # the arena's size tables of each buffer, a row per rank; what the schedule agreed from the first step
     cdef uint64_t *transfers
     cdef uintptr_t tables[2]
@@ -562,23 +563,33 @@ cdef class SmallCollectives:
         cdef bint async_op = self._async_op(_ALLGATHER, opts)
         if not self._gathers(entry, count, async_op):
             return None
-        if not self._listed(outputs, dtype, count) or not self._may_start():
+        if self._walk(outputs, dtype, count, 0, NULL) < 0 or not self._may_start():
             return None
         return self._allgather(entry, count, async_op, input.data_ptr(), 0, True, output_lists, [input])
 
-    cdef bint _listed(self, tensors, dtype, Py_ssize_t count) except -1:
-        """Whether ``tensors`` is a list of one plain tensor of ``dtype`` and ``count`` elements per rank (the list
-        form of all_gather's outputs, a gather's root's, a scatter's root's inputs); their addresses into
-        ``blocks``."""
+    cdef Py_ssize_t _walk(self, tensors, dtype, Py_ssize_t count, Py_ssize_t itemsize, uint64_t *pairs) except -2:
+        """Where ``tensors`` is a list of one plain tensor of ``dtype`` per rank, each of ``count`` elements
+        where ``count`` >= 0 (the list forms: all_gather's outputs, a gather's root's, a scatter's root's
+        inputs; all_to_all's of any sizes): their elements in all, and each one's address into ``blocks``, or
+        with ``pairs``, its (address, bytes of ``itemsize``) there; else -1."""
         if type(tensors) is not list or len(<list>tensors) != self.size:
-            return False
+            return -1
+        cdef Py_ssize_t n, total = 0
         cdef int r
         for r in range(self.size):
             tensor = (<list>tensors)[r]
-            if not self._plain(tensor) or tensor.dtype is not dtype or tensor.numel() != count:
-                return False
-            self.blocks[r] = tensor.data_ptr()
-        return True
+            if not self._plain(tensor) or tensor.dtype is not dtype:
+                return -1
+            n = tensor.numel()
+            if count >= 0 and n != count:
+                return -1
+            if pairs == NULL:
+                self.blocks[r] = tensor.data_ptr()
+            else:
+                pairs[2 * r] = tensor.data_ptr()
+                pairs[2 * r + 1] = n * itemsize
+            total += n
+        return total
 
     cdef inline bint _gathers(self, tuple entry, Py_ssize_t count, bint async_op):
         """Whether an all-gather of ``count`` elements per rank is this path's (its size, and its hand-off)."""
@@ -656,39 +667,39 @@ cdef class SmallCollectives:
                          _Resume(self.schedule.reduce_scatter, (desc, addr, count, count, itemsize, out, kernel, op,
                                                                 scale)), [output], [input], async_op)
 
-    cdef tuple _rooted(self, int which, tensors, lists, opts, _RootedCall *call):
-        """The entry of a gather's (``which``: _GATHER) or a scatter's (_SCATTER) call where it is this path's,
-        else None; the call's size, root and asynchrony into ``call``. ``tensors`` is one plain tensor (a gather's
+    cdef bint _rooted(self, int which, tensors, lists, opts, _RootedCall *call) except -1:
+        """Whether a gather's (``which``: _GATHER) or a scatter's (_SCATTER) call is this path's; its size,
+        root, asynchrony and descriptor into ``call``. ``tensors`` is one plain tensor (a gather's
         input, a scatter's output); ``lists`` the root's one list of a tensor per rank (their addresses into
         ``blocks``), the others' empty, as torch passes them."""
         if (type(opts) is not self.options[which] or type(tensors) is not list or len(<list>tensors) != 1
                 or type(lists) is not list):
-            return None
+            return False
         tensor = (<list>tensors)[0]
         if not self._plain(tensor):
-            return None
+            return False
         call.root = self._root(which, opts)  # a root out of the group's range has no entry
         dtype = tensor.dtype
         entry = self._entry(which, dtype, call.root)
         if entry is None:
-            return None
+            return False
         call.count = tensor.numel()
         call.async_op = self._async_op(which, opts)
         call.at_root = call.root == self.schedule.s.me
         if (not self._gathers(entry, call.count, call.async_op)
-                or not (self._listed((<list>lists)[0], dtype, call.count) if call.at_root and len(<list>lists) == 1
-                        else not call.at_root and len(<list>lists) == 0)
+                or not (self._walk((<list>lists)[0], dtype, call.count, 0, NULL) >= 0
+                        if call.at_root and len(<list>lists) == 1 else not call.at_root and len(<list>lists) == 0)
                 or not self._may_start()):
-            return None
+            return False
         call.nbytes = call.count * <Py_ssize_t>entry[2]
         call.desc = <uint64_t>entry[0] | (<uint64_t>call.count) << self.count_shift
-        return entry
+        return True
 
     def gather(self, output_lists, input_tensors, opts):
         """``group.gather(output_lists, input_tensors, opts)`` on the copy path, on this thread (``_rooted``); or
         None."""
         cdef _RootedCall call
-        if self._rooted(_GATHER, input_tensors, output_lists, opts, &call) is None:
+        if not self._rooted(_GATHER, input_tensors, output_lists, opts, &call):
             return None
         input = (<list>input_tensors)[0]
         cdef const uintptr_t *blocks = self.blocks if call.at_root else NULL
@@ -710,7 +721,7 @@ cdef class SmallCollectives:
         """``group.scatter(output_tensors, input_lists, opts)`` on the copy path, on this thread (``_rooted``); or
         None."""
         cdef _RootedCall call
-        if self._rooted(_SCATTER, output_tensors, input_lists, opts, &call) is None:
+        if not self._rooted(_SCATTER, output_tensors, input_lists, opts, &call):
             return None
         cdef const uintptr_t *blocks = self.blocks if call.at_root else NULL
         cdef uintptr_t out = (<list>output_tensors)[0].data_ptr()
@@ -770,15 +781,15 @@ cdef class SmallCollectives:
                 or len(<list>input_tensors) != self.size):
             return None
         first = (<list>input_tensors)[0]
-        if type(first) is not self.tensor_type:
+        if type(first) is not self.tensor_type:  # its dtype keys the entry; ``_walk`` checks the rest of it
             return None
         dtype = first.dtype
         entry = self._entry(_ALLTOALL, dtype, 0)
         if entry is None:
             return None
         cdef Py_ssize_t itemsize = entry[2]
-        cdef Py_ssize_t sent = self._each(input_tensors, dtype, itemsize, self.transfers)
-        cdef Py_ssize_t received = self._each(output_tensors, dtype, itemsize, self.transfers + 2 * self.size)
+        cdef Py_ssize_t sent = self._walk(input_tensors, dtype, -1, itemsize, self.transfers)
+        cdef Py_ssize_t received = self._walk(output_tensors, dtype, -1, itemsize, self.transfers + 2 * self.size)
         cdef Py_ssize_t most = max(sent, received)
         if sent < 0 or received < 0 or most > <Py_ssize_t>entry[1]:
             return None
@@ -786,23 +797,6 @@ cdef class SmallCollectives:
         if (async_op and most * itemsize > self.async_try_bytes) or not self._may_start():
             return None
         return self._alltoall(entry[0], async_op, output_tensors, input_tensors)
-
-    cdef Py_ssize_t _each(self, tensors, dtype, Py_ssize_t itemsize, uint64_t *blocks) except -2:
-        """(address, bytes) of each rank's tensor of ``tensors`` into ``blocks``, where it is a list of one plain
-        tensor of ``dtype`` per rank (the list form of all_to_all); their elements in all, else -1."""
-        if type(tensors) is not list or len(<list>tensors) != self.size:
-            return -1
-        cdef Py_ssize_t n, total = 0
-        cdef int r
-        for r in range(self.size):
-            tensor = (<list>tensors)[r]
-            if not self._plain(tensor) or tensor.dtype is not dtype:
-                return -1
-            n = tensor.numel()
-            blocks[2 * r] = tensor.data_ptr()
-            blocks[2 * r + 1] = n * itemsize
-            total += n
-        return total
 
     cdef object _alltoall(self, uint64_t desc, bint async_op, result, inputs):
         """An all_to_all of the blocks in ``transfers`` (what this rank sends to each rank, then what it receives

@@ -25,8 +25,8 @@ class NoopGroup(dist.ProcessGroup):
         return self._work
 
     allreduce = allgather = all_gather_single = _allgather_base = allgather_into_tensor_coalesced = \
-        reduce_scatter_single = _reduce_scatter_base = reduce_scatter_tensor_coalesced = alltoall_base = alltoall = gather = \
-        scatter = _done
+        reduce_scatter_single = _reduce_scatter_base = reduce_scatter_tensor_coalesced = alltoall_base = alltoall = \
+        gather = scatter = _done
 
     def getBackendName(self) -> str:
         return "noop"
