@@ -10,6 +10,7 @@ import weakref
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
 
 from tests.references import assert_equal, make_input, ops_for, reference_reduce
 
@@ -41,13 +42,14 @@ LATE_PEER_CALLS = tuple(call for call in CALLS if call != ("all_reduce", torch.i
 BARRIERS = ((False, False), (True, False), (False, True))  # (asynchronous, a late peer)
 # The cases besides those tables: every root of a broadcast, every (op, root) of a reduce, async Works of their
 # own, a list-form all_gather and an all_to_all_single whose asynchronous calls a late peer leaves to the progress
-# thread, and all_to_all_single's split sizes (uneven, and disagreeing between ranks).
+# thread, all_to_all_single's split sizes (uneven, and disagreeing between ranks), and list-form calls whose caller
+# empties its lists as soon as they return.
 OTHER_CASES = (_EVERY_ROOT, _EVERY_REDUCE, _WORKS_OWN, _LATE_LISTED, _LATE_ALLTOALL, _SPLITS, _ROOTED, _LATE_ROOTED,
-               _BACK_TO_BACK) = (
+               _BACK_TO_BACK, _KEPT_LISTS) = (
     "fast_path/every_root", "fast_path/reduce/every_op_and_root", "fast_path/async_works_own",
     "fast_path/all_gather/late_peer_async", "fast_path/all_to_all_single/late_peer_async",
     "fast_path/all_to_all_single/splits", "fast_path/gather_scatter/every_root",
-    "fast_path/gather_scatter/late_peer", "fast_path/gather/back_to_back")
+    "fast_path/gather_scatter/late_peer", "fast_path/gather/back_to_back", "fast_path/list_forms/emptied_lists")
 BACK_TO_BACK_CALLS = 400
 
 
@@ -416,6 +418,76 @@ def fast_paths(cases):
                 f"{_BACK_TO_BACK}: the compiled path took {took} of {BACK_TO_BACK_CALLS} calls"
 
     cases.run(_BACK_TO_BACK, gathers_back_to_back)
+
+    def list_forms_emptied_lists():
+        # A caller of the group's own methods (torch's bindings pass lists of their own) empties its lists right
+        # after an asynchronous list-form call, which the last rank's lateness leaves to the progress thread on
+        # the ranks that wait for it: the Work keeps the call's tensors, which the rest writes and reads by
+        # address, and gives them back as the call had them; freed, their memory would be the garbage's.
+        count = 9
+        for name, dtype, root in (("all_gather", torch.float32, None), ("gather", torch.float64, 0),
+                                  ("scatter", torch.float32, world - 1), ("all_to_all", torch.float64, None)):
+            case = f"{_KEPT_LISTS}/{name}"
+            dist.barrier()
+            calls[name](f"{case}/admitted", dtype, count, None, False, **({} if root is None else {"root": root}))
+            dist.barrier()
+            if rank == world - 1:
+                time.sleep(0.35)
+            mine = make_input(case, rank, dtype, count)
+            if name == "all_gather":
+                opts = c10d.AllgatherOptions()
+                outs, ins = [[torch.zeros(count, dtype=dtype) for _ in range(world)]], [mine.clone()]
+                expected = [[make_input(case, r, dtype, count) for r in range(world)]]
+            elif name == "gather":
+                opts = c10d.GatherOptions()
+                opts.rootRank = root
+                outs = [[torch.zeros(count, dtype=dtype) for _ in range(world)]] if rank == root else []
+                ins = [mine.clone()]
+                expected = [[make_input(case, r, dtype, count) for r in range(world)]] if rank == root else []
+            elif name == "scatter":
+                opts = c10d.ScatterOptions()
+                opts.rootRank = root
+                outs = [torch.zeros(count, dtype=dtype)]
+                ins = [[make_input(f"{case}/{j}", root, dtype, count) for j in range(world)]] if rank == root else []
+                expected = [make_input(f"{case}/{rank}", root, dtype, count)]
+            else:
+                opts = c10d.AllToAllOptions()
+                outs = [torch.zeros(count, dtype=dtype) for _ in range(world)]
+                ins = [make_input(f"{case}/{j}", rank, dtype, count) for j in range(world)]
+                expected = [make_input(f"{case}/{rank}", r, dtype, count) for r in range(world)]
+            opts.asyncOp = True
+            method = {"all_gather": pg.allgather, "gather": pg.gather, "scatter": pg.scatter,
+                      "all_to_all": pg.alltoall}[name]
+            before = pg._small.taken if compiled is not None else 0
+            work = method(outs, ins, opts)
+            took = (pg._small.taken - before) if compiled is not None else 0
+            for listed in (outs, ins):
+                for inner in listed:
+                    if type(inner) is list:
+                        inner.clear()
+                listed.clear()
+            garbage = [torch.full((count,), 1e30, dtype=dtype) for _ in range(8 * world)]
+            deadline = time.monotonic() + 30
+            while not work.is_completed():
+                assert time.monotonic() < deadline, f"{case}: never completed"
+                time.sleep(0.001)
+            work.wait()
+            got = work.result()
+            assert len(got) == len(expected), f"{case}: the Work's result has {len(got)} items for {len(expected)}"
+            for item, want in zip(got, expected):
+                if type(want) is list:
+                    assert len(item) == world, f"{case}: the Work's result holds {len(item)} tensors, not {world}"
+                    for r in range(world):
+                        assert_equal(item[r], want[r], f"{case} block {r}")
+                else:
+                    assert_equal(item, want, case)
+            assert all(bool((block == 1e30).all()) for block in garbage), f"{case}: a freed tensor was written"
+            del work, got
+            dist.barrier()
+            if compiled_bytes and world > 1:
+                assert took == 1, f"{case}: the compiled path took {took} calls"
+
+    cases.run(_KEPT_LISTS, list_forms_emptied_lists)
 
     def alltoall_splits():
         # Uneven split sizes (some blocks empty) take the compiled path as even ones do, rows of 3 elements; split
