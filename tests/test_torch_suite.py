@@ -21,7 +21,7 @@ QUICK = ["test_all_reduce_sum", "test_all_reduce_coalesced_sum", "test_reduce_su
 
 
 def test_quick_subset_with_gates_as_gloo():
-    command = [sys.executable, "-m", "tests.torch_suite", "--gates-as-gloo"]
+    command = [sys.executable, "-m", "tests.torch_suite", "--gates-as-gloo", "--fork"]
     for name in QUICK:
         command += ["--test", name]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
