@@ -74,13 +74,6 @@ cdef class _Deferred:
         return self.function(*self.args)
 
 
-cdef list _copied(list tensors):
-    """A copy of a call's list of tensors, or of lists of them (a list form's), for its Work to give back as the
-    call had them and for the rest of the call that reads and writes them by address after it has returned: a
-    caller of the group's method may change its own lists meanwhile (torch's bindings pass lists of their own)."""
-    return [list(item) if type(item) is list else item for item in tensors]
-
-
 cdef class SmallCollectives:
     """The group's all_reduce, broadcast, all_gather (into one tensor, or the list form), reduce_scatter_tensor,
     reduce, gather, scatter and all_to_all (both forms) run here, where a call is plain contiguous CPU tensors of a
@@ -307,10 +300,10 @@ cdef class SmallCollectives:
         """The slow rest of a call whose first schedule call did not finish it: ``finish(*args)`` here (None;
         it raises) for a synchronous call, the Work of it queued for the progress thread for an asynchronous
         one, which keeps ``result`` and ``inputs`` (the call's tensors, which the schedule still reads and
-        writes by address) until it is done, in lists of its own (``_copied``)."""
+        writes by address) until it is done."""
         if async_op:
             self.state.in_collective = False  # until the engine runs the rest (``Collectives._finish_later``)
-            return self.finish_later(desc, finish, args, _copied(result), _copied(inputs))
+            return self.finish_later(desc, finish, args, result, inputs)
         try:
             finish(*args)
         except Exception as error:
@@ -344,7 +337,7 @@ cdef class SmallCollectives:
         """The Work of a call that finished here (``ProgressEngine.completed``'s rule, for a synchronous one)."""
         if not async_op and called_from(self.wrappers):
             return self.shared_completed
-        return self.completed_type(_copied(result))
+        return self.completed_type(result)
 
     cdef object _on_lanes(self, int kind, int lanes, uint64_t desc, uintptr_t addr, uintptr_t out,
                           Py_ssize_t count, Py_ssize_t itemsize, Py_ssize_t block_stride, Py_ssize_t out_stride,
@@ -823,7 +816,7 @@ cdef class SmallCollectives:
         self.schedule.s.slice_ns = slice_ns
         if status == STATUS_DONE:
             return self._ran(status, base, desc, None, result, inputs, async_op)
-        # The rest keeps its own copy of the blocks and of what was agreed (its Work: of the lists, ``_settle``).
+        # The rest keeps its own copy of the blocks and of what was agreed (and its Work, of the lists: ``held``).
         transfers = PyBytes_FromStringAndSize(<char *>self.transfers, 4 * self.size * sizeof(uint64_t))
         agreed = bytearray(PyBytes_FromStringAndSize(<char *>self.agreed, 2 * sizeof(int64_t)))
         return self._ran(status, base, desc, _Resume(self._alltoall_rest, (desc, transfers, buffer, agreed)),

@@ -37,7 +37,7 @@ from shmcoll.algorithms import alltoall as alltoall_algorithm
 from shmcoll.algorithms import barrier as barrier_algorithm
 from shmcoll.algorithms import schedule as schedule_driver
 from shmcoll.errors import AbortedError, ShmcollError
-from shmcoll.work import CompletedWork, ProgressEngine, ending
+from shmcoll.work import CompletedWork, ProgressEngine, ending, held
 
 _STRIDED = torch.strided
 _profiling = profiling.active
@@ -244,9 +244,9 @@ class Collectives:
         """The rest of an asynchronous collective that the compiled small collectives began and could not end
         without waiting for a peer: ``finish(*args)``, queued in issue order (nothing was queued when it began)
         for the progress thread; its Work, which keeps ``result``, and the queued job ``inputs``, the tensors
-        the rest reads by address, until it has run. An asynchronous call never waits for a peer on the
-        issuing thread."""
-        return self._queued(desc, lambda: finish(*args), result, inputs, True, started=True)
+        the rest reads by address, until it has run, each in lists of its own (``held``: the front hands the
+        caller's). An asynchronous call never waits for a peer on the issuing thread."""
+        return self._queued(desc, lambda: finish(*args), result, held(inputs), True, started=True)
 
     def _inline(self, async_op: bool):
         """How a call runs on the issuing thread, if it does: ``_now`` or ``_now_async``; None: in the engine.
@@ -477,7 +477,7 @@ class Collectives:
         outputs = checks.one_list_like(output_lists, self._size, tensor, "all_gather output")
         desc = descriptors.descriptor(descriptors.ALLGATHER, *ops.movement(tensor))
         self._admit(descriptors.ALLGATHER, tensor.dtype, desc)
-        return self._launch(desc, lambda: self._placement.allgather(outputs, tensor, desc), [outputs], opts,
+        return self._launch(desc, lambda: self._placement.allgather(outputs, tensor, desc), output_lists, opts,
                             [tensor])
 
     def all_gather_single(self, output, input, opts=None):
@@ -528,8 +528,8 @@ class Collectives:
         root, outputs = checks.rooted(opts, output_lists, tensor, self._size, self._rank, "gather", "output")
         desc = descriptors.descriptor(descriptors.GATHER, *ops.movement(tensor), 0, root)
         self._admit(descriptors.GATHER, tensor.dtype, desc, root=root)
-        return self._launch(desc, lambda: self._placement.gather(outputs, tensor, root, desc),
-                            [] if outputs is None else [outputs], opts, inputs=[tensor])
+        return self._launch(desc, lambda: self._placement.gather(outputs, tensor, root, desc), output_lists, opts,
+                            inputs=[tensor])
 
     def scatter(self, output_tensors, input_lists, opts=None):
         output = checks.one_tensor(output_tensors, "scatter output")
@@ -549,7 +549,7 @@ class Collectives:
         # No count: each rank knows only its own sizes (the collective exchanges them; see algorithms.alltoall).
         desc = descriptors.descriptor(descriptors.ALLTOALL, 0, ops.movement_code(inputs[0].dtype))
         self._admit(descriptors.ALLTOALL, inputs[0].dtype, desc)  # the plan of both forms
-        return self._launch(desc, lambda: self._placement.alltoall(outputs, inputs, desc), outputs, opts,
+        return self._launch(desc, lambda: self._placement.alltoall(outputs, inputs, desc), output_tensors, opts,
                             inputs=inputs)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):

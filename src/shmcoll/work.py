@@ -22,12 +22,20 @@ from shmcoll import _state, _torch_compat, descriptors, profiling
 from shmcoll._callers import caller_is
 
 
+def held(tensors):
+    """A call's tensors as one of its Works (or its queued rest) holds them: in lists of its own, a list form's
+    inner lists too. ``result()`` gives them back as the call had them, and they live as long as the Work, though a
+    caller of the group's method may empty its own lists as soon as the call returns (torch's bindings pass lists
+    of their own)."""
+    return None if tensors is None else [list(item) if type(item) is list else item for item in tensors]
+
+
 class CompletedWork(dist.Work):
     """A collective that already finished on this rank when the call returned."""
 
     def __init__(self, result=None, source_rank: int = -1):
         super().__init__()
-        self._result = result if result is not None else []
+        self._result = held(result) if result is not None else []
         self._source = source_rank
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
@@ -98,7 +106,7 @@ class AsyncWork(dist.Work):
 
     def __init__(self, result, describe: Callable[[], str], engine: ProgressEngine | None = None):
         super().__init__()
-        self._result = result
+        self._result = held(result)
         self._describe = describe  # what the collective is, for a timeout's message: asked only then (a microsecond)
         self._engine = engine  # whose queue it waits in (None: finished when made)
         self._done = _Finished()
@@ -216,7 +224,7 @@ class WritingBack(dist.Work):
         super().__init__()
         self._work = work
         self._pairs = pairs  # until copied back: then nothing of the call is kept
-        self._result = result
+        self._result = held(result)
         self._lock = threading.Lock()
         if work.is_completed():
             self._write_back()
