@@ -135,7 +135,7 @@ def async_semantics(cases, inline_limit: str, p2p_bytes: str):
     limit, p2p_half = int(inline_limit), int(p2p_bytes) // 2
     pairs = {backend: _groups(backend) for backend in ("shm", "gloo")}
     # 8 B to just above the size the compiled small collectives try inline, per rank.
-    sizes = (8, 4096, 240 << 10, limit + 4 * ITEM)
+    sizes = (8, 4096, limit - (16 << 10), limit + 4 * ITEM)
 
     def crossed(backend: str, name: str, nbytes: int):
         first, second = pairs[backend] if rank == 0 else reversed(pairs[backend])

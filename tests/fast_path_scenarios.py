@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
+from shmcoll.placement.node import OneNode
 from tests.references import assert_equal, make_input, ops_for, reference_reduce
 
 
@@ -30,7 +31,9 @@ CALLS = (("all_reduce", torch.float32, "sum"), ("all_reduce", torch.int32, "max"
 # The ranks of a gather (all but its root) and of a scatter (its root, and the others once the root is seen) leave
 # without waiting for every peer: a call of one starts after a barrier, so each rank's path is known.
 LEAVE_APART = ("gather", "scatter")
-OVERLAP_PAYS = 300_001  # above the one-shot limit and the inline asynchronous size: overlap pays
+# Above the one-shot limit and the size an asynchronous call is tried inline with, per rank, for every dtype of
+# CALLS (2 bytes or more): overlap pays.
+OVERLAP_PAYS = OneNode.async_try_bytes // 2 + 1
 # (count, asynchronous, tensor type, whether the fast path takes it once admitted), in order: the first admits
 VARIANTS = ((7, False, torch.Tensor, False), (7, False, torch.Tensor, True), (1, True, torch.Tensor, True),
             (5003, False, torch.Tensor, True), (OVERLAP_PAYS, True, torch.Tensor, False),

@@ -121,9 +121,11 @@ class OneNode(OnArena):
     async_inline = False
     # One of at most this many bytes per rank that the compiled small collectives take runs there as far as it
     # goes without waiting for a peer, the rest on the progress thread: handing a whole collective to the thread
-    # and waking the caller's wait cost 100-200 us on the 2-core VM, more than a 256 KiB all-reduce takes
-    # (45 us), so overlap could not pay for it (BENCHMARKS.md, "Asynchronous and functional calls").
-    async_try_bytes = 256 << 10
+    # costs 100-200 us on the 2-core VM (the general path's Python, run with the caches the last exchange left
+    # cold, and the thread's wake-up), about what a 1 MiB all-reduce takes (160-230 us), so overlap could not pay
+    # for it up to there (BENCHMARKS.md, "Asynchronous and functional calls"). Never a call over lanes: those the
+    # front leaves to the progress thread.
+    async_try_bytes = 1 << 20
 
     def __init__(self, arena, rank: int, settings, waits, lanes, single_copy):
         self.arena = arena
