@@ -37,8 +37,9 @@ distributed_test.BACKEND = BACKEND  # what the tests run on
 os.environ["BACKEND"] = BACKEND
 
 
-class TestDistBackendWithSpawn(distributed_test.TestDistBackend, distributed_test.DistributedTest._DistTestBase):
-    """torch's test_distributed_spawn.py, for one backend."""
+class TorchDistributedTest(distributed_test.TestDistBackend, distributed_test.DistributedTest._DistTestBase):
+    """torch's test_distributed_spawn.py (its TestDistBackendWithSpawn), for one backend, its ranks spawned or
+    forked."""
 
     def setUp(self):
         super().setUp()
@@ -68,7 +69,7 @@ def main(argv: list[str]) -> int:
     loader = unittest.TestLoader()
     # unittest matches patterns against "module.Class.test_name".
     loader.testNamePatterns = [f"*{k}*" for k in args.k] + [f"*.{name}" for name in args.test] or None
-    suite = loader.loadTestsFromTestCase(TestDistBackendWithSpawn)
+    suite = loader.loadTestsFromTestCase(TorchDistributedTest)
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     print(f"torch DistributedTest on {BACKEND}" + (" (gates as gloo)" if GATES != BACKEND else "") +
           f": {result.testsRun - len(result.failures) - len(result.errors) - len(result.skipped)} passed, "
