@@ -45,14 +45,15 @@ LATE_PEER_CALLS = tuple(call for call in CALLS if call != ("all_reduce", torch.i
 BARRIERS = ((False, False), (True, False), (False, True))  # (asynchronous, a late peer)
 # The cases besides those tables: every root of a broadcast, every (op, root) of a reduce, async Works of their
 # own, a list-form all_gather and an all_to_all_single whose asynchronous calls a late peer leaves to the progress
-# thread, all_to_all_single's split sizes (uneven, and disagreeing between ranks), and list-form calls whose caller
-# empties its lists as soon as they return.
+# thread, all_to_all_single's split sizes (uneven, and disagreeing between ranks), list-form calls whose caller
+# empties its lists as soon as they return, and asynchronous calls of the most bytes the compiled path tries inline.
 OTHER_CASES = (_EVERY_ROOT, _EVERY_REDUCE, _WORKS_OWN, _LATE_LISTED, _LATE_ALLTOALL, _SPLITS, _ROOTED, _LATE_ROOTED,
-               _BACK_TO_BACK, _KEPT_LISTS) = (
+               _BACK_TO_BACK, _KEPT_LISTS, _ASYNC_MOST) = (
     "fast_path/every_root", "fast_path/reduce/every_op_and_root", "fast_path/async_works_own",
     "fast_path/all_gather/late_peer_async", "fast_path/all_to_all_single/late_peer_async",
     "fast_path/all_to_all_single/splits", "fast_path/gather_scatter/every_root",
-    "fast_path/gather_scatter/late_peer", "fast_path/gather/back_to_back", "fast_path/list_forms/emptied_lists")
+    "fast_path/gather_scatter/late_peer", "fast_path/gather/back_to_back", "fast_path/list_forms/emptied_lists",
+    "fast_path/async_at_the_limit")
 BACK_TO_BACK_CALLS = 400
 
 
@@ -290,6 +291,25 @@ def fast_paths(cases):
         assert_equal(x, torch.full((3,), float(world ** 2)), _WORKS_OWN)
 
     cases.run(_WORKS_OWN, async_works_own)
+
+    def async_at_the_limit():
+        # An asynchronous call that puts in up to async_try_bytes (all_reduce's tensor, all_gather's input,
+        # reduce_scatter's whole input) is the compiled path's, as far as it goes without waiting for a peer: handing
+        # it whole to the progress thread would cost more than it does. (One rank runs it inline on the Python path.)
+        limit = OneNode.async_try_bytes
+        for name, count in (("all_reduce", limit // 4), ("all_gather_into_tensor", limit // 4),
+                            ("reduce_scatter_tensor", limit // 4 // world)):
+            case = f"{_ASYNC_MOST}/{name}"
+            calls[name](f"{case}/admits", torch.float32, count, "sum", True)
+            launches.clear()
+            before = pg._small.taken if compiled is not None else 0
+            calls[name](case, torch.float32, count, "sum", True)
+            took = (pg._small.taken - before) if compiled is not None else 0
+            want = compiled is not None and count * 4 <= compiled_bytes.get(placement_kind[name], 0)
+            assert took == want and not (launches and (want or pg.placement.async_inline)), \
+                f"{case}: the compiled path took {took} calls, not {int(want)}; the general path {len(launches)}"
+
+    cases.run(_ASYNC_MOST, async_at_the_limit)
 
     def late_peer():
         # The last rank comes after several wait slices: the compiled path's first wait gives up and the
