@@ -175,6 +175,10 @@ def fast_paths(cases):
     # compiled code (shmcoll._front.SmallCollectives), which keeps the group's bookkeeping
     # (describe_current) as the general path does.
     compiled = getattr(pg._small, "taken", None)
+
+    def compiled_calls() -> int:
+        """How many calls the compiled path has run (0 where there is none: one rank, several nodes)."""
+        return pg._small.taken if compiled is not None else 0
     compiled_bytes = getattr(pg.placement, "compiled_bytes", {})
     placement_kind = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
                       "broadcast": "broadcast", "all_gather_into_tensor": "all_gather", "all_gather": "all_gather",
@@ -195,10 +199,10 @@ def fast_paths(cases):
                 if name in LEAVE_APART:
                     dist.barrier()
                 launches.clear()
-                before = pg._small.taken if compiled is not None else 0
+                before = compiled_calls()
                 seq = pg._state.seq
                 call(case, dtype, count, op_name, async_op, make)
-                took = (pg._small.taken - before) if compiled is not None else 0
+                took = compiled_calls() - before
                 # A reduce's other ranks leave once their shares are published, while the root gathers them: the
                 # next call of one takes the fast path only if the root has published by then (else the general
                 # path waits for it). So only the root (the last rank here) is held to the path; all to the result.
@@ -222,9 +226,9 @@ def fast_paths(cases):
 
     def every_op(case, call, dtype, op_name, async_op):
         for n in range(2):
-            before = pg._small.taken if compiled is not None else 0
+            before = compiled_calls()
             call(f"{case}#{n}", dtype, 3, op_name, async_op)
-        reduced.append((pg._small.taken - before) if compiled is not None else 0)
+        reduced.append(compiled_calls() - before)
 
     for dtype in EVERY_OP_DTYPES:
         for op_name in ops_for(dtype):
@@ -242,7 +246,7 @@ def fast_paths(cases):
             for async_op in (False, True):
                 case = f"fast_path/every_root/{root}/async={async_op}"
                 for n in range(2):
-                    before = pg._small.taken if compiled is not None else 0
+                    before = compiled_calls()
                     tensor = (make_input(case, root, torch.int64, 5) if rank == root
                               else torch.zeros(5, dtype=torch.int64))
                     work = dist.broadcast(tensor, root, async_op=async_op)
@@ -252,7 +256,7 @@ def fast_paths(cases):
                         dist.all_reduce(later)  # runs inline too, after the broadcast's Work was made
                         assert work.result()[0] is tensor, f"{case}: the async Work's result is another call's"
                     assert_equal(tensor, make_input(case, root, torch.int64, 5), case)
-                took = (pg._small.taken - before) if compiled is not None else 0
+                took = compiled_calls() - before
                 assert took == (1 + async_op if compiled_bytes else 0), f"{case}: the compiled path took {took} calls"
 
     cases.run(_EVERY_ROOT, every_root)
@@ -264,11 +268,11 @@ def fast_paths(cases):
             for op_name in ("sum", "max"):
                 case = f"{_EVERY_REDUCE}/{op_name}/root={root}"
                 for n in range(2):
-                    before = pg._small.taken if compiled is not None else 0
+                    before = compiled_calls()
                     reduce(f"{case}#{n}", torch.int64, 5, op_name, False, root=root)
                     assert f"root {root}, 5 elements) #" in pg.describe_current(), \
                         f"{case}#{n}: the group's bookkeeping says {pg.describe_current()!r}"
-                took = (pg._small.taken - before) if compiled is not None else 0
+                took = compiled_calls() - before
                 if rank == root:  # the others' next call may find the root still gathering (see run above)
                     assert took == (1 if compiled_bytes else 0), f"{case}: the compiled path took {took} calls"
 
@@ -302,11 +306,12 @@ def fast_paths(cases):
             case = f"{_ASYNC_MOST}/{name}"
             calls[name](f"{case}/admits", torch.float32, count, "sum", True)
             launches.clear()
-            before = pg._small.taken if compiled is not None else 0
+            before = compiled_calls()
             calls[name](case, torch.float32, count, "sum", True)
-            took = (pg._small.taken - before) if compiled is not None else 0
+            took = compiled_calls() - before
             want = compiled is not None and count * 4 <= compiled_bytes.get(placement_kind[name], 0)
-            assert took == want and not (launches and (want or pg.placement.async_inline)), \
+            general = not want and not pg.placement.async_inline  # one rank: inline on the Python path
+            assert took == want and bool(launches) == general, \
                 f"{case}: the compiled path took {took} calls, not {int(want)}; the general path {len(launches)}"
 
     cases.run(_ASYNC_MOST, async_at_the_limit)
@@ -316,7 +321,7 @@ def fast_paths(cases):
         # slow wait (finish_one_shot, finish_run of shmcoll.algorithms) finishes the call, with the same result.
         if rank == world - 1:
             time.sleep(0.35)
-        before = pg._small.taken if compiled is not None else 0
+        before = compiled_calls()
         call(case, dtype, 7, op_name, False)
         if compiled_bytes:
             assert pg._small.taken == before + 1, f"{case}: the compiled path did not take the late call"
@@ -336,7 +341,7 @@ def fast_paths(cases):
         dist.barrier()
         if rank == world - 1:
             time.sleep(0.35)
-        before = pg._small.taken if compiled is not None else 0
+        before = compiled_calls()
         outs = [torch.zeros(9, dtype=torch.float16) for _ in range(world)]
         work = dist.all_gather(outs, make_input(_LATE_LISTED, rank, torch.float16, 9), async_op=True)
         later = [torch.zeros(9, dtype=torch.float16) for _ in range(world)]
@@ -357,7 +362,7 @@ def fast_paths(cases):
         dist.barrier()
         if rank == world - 1:
             time.sleep(0.35)
-        before = pg._small.taken if compiled is not None else 0
+        before = compiled_calls()
         late = f"{_LATE_ALLTOALL}/first"
         out = torch.zeros(world * 9, dtype=torch.int32)
         work = dist.all_to_all_single(out, torch.cat([make_input(f"{late}/{j}", rank, torch.int32, 9)
@@ -379,11 +384,11 @@ def fast_paths(cases):
                     case = f"{_ROOTED}/{name}/root={root}/async={async_op}"
                     for n in range(2):
                         dist.barrier()
-                        before = pg._small.taken if compiled is not None else 0
+                        before = compiled_calls()
                         calls[name](f"{case}#{n}", torch.int16, 5, None, async_op, root=root)
                         assert f"root {root}, 5 elements) #" in pg.describe_current(), \
                             f"{case}#{n}: the group's bookkeeping says {pg.describe_current()!r}"
-                    took = (pg._small.taken - before) if compiled is not None else 0
+                    took = compiled_calls() - before
                     assert took == (1 if compiled_bytes else 0), f"{case}: the compiled path took {took} calls"
 
     cases.run(_ROOTED, rooted_every_root)
@@ -402,7 +407,7 @@ def fast_paths(cases):
             dist.barrier()
             if rank == world - 1:
                 time.sleep(0.35)
-            before = pg._small.taken if compiled is not None else 0
+            before = compiled_calls()
             if name == "gather":
                 outs = [torch.zeros(9) for _ in range(world)] if rank == 0 else None
                 work = dist.gather(make_input(case, rank, torch.float32, 9), outs, dst=0, async_op=True)
@@ -414,7 +419,7 @@ def fast_paths(cases):
                     assert_equal(later[r], make_input(f"{case}/later", r, torch.float32, 9), f"{case} later {r}")
             else:
                 scatter(case, torch.float32, count, None, False, root=0)
-            took = (pg._small.taken - before) if compiled is not None else 0
+            took = compiled_calls() - before
             dist.barrier()
             if compiled_bytes and world > 1 and count * 4 <= compiled_bytes[name]:
                 assert took >= 1, f"{case}: the compiled path did not take the call"
@@ -428,13 +433,13 @@ def fast_paths(cases):
         # there: 393-400 of 400 on an idle 2-core machine, 254 with a test suite running beside, 155-163 where the
         # front only looked.
         dist.barrier()
-        before = pg._small.taken if compiled is not None else 0
+        before = compiled_calls()
         outs = [torch.zeros(4) for _ in range(world)] if rank == 0 else None
         for n in range(BACK_TO_BACK_CALLS):
             dist.gather(make_input(f"{_BACK_TO_BACK}/{n}", rank, torch.float32, 4), outs, dst=0)
             for r in range(world if rank == 0 else 0):
                 assert_equal(outs[r], make_input(f"{_BACK_TO_BACK}/{n}", r, torch.float32, 4), f"{_BACK_TO_BACK}#{n}")
-        took = (pg._small.taken - before) if compiled is not None else 0
+        took = compiled_calls() - before
         dist.barrier()
         if compiled_bytes and world > 1:
             assert took > BACK_TO_BACK_CALLS // 2, \
@@ -481,9 +486,9 @@ def fast_paths(cases):
             opts.asyncOp = True
             method = {"all_gather": pg.allgather, "gather": pg.gather, "scatter": pg.scatter,
                       "all_to_all": pg.alltoall}[name]
-            before = pg._small.taken if compiled is not None else 0
+            before = compiled_calls()
             work = method(outs, ins, opts)
-            took = (pg._small.taken - before) if compiled is not None else 0
+            took = compiled_calls() - before
             for listed in (outs, ins):
                 for inner in listed:
                     if type(inner) is list:
@@ -520,7 +525,7 @@ def fast_paths(cases):
         table = [[(r + 2 * j) % 3 for j in range(world)] for r in range(world)]  # rows rank r sends rank j
         rows = lambda r, j: make_input(f"{_SPLITS}/{r}/{j}", r, torch.float64, 3 * table[r][j]).reshape(-1, 3)
         for n in range(2):  # the first admits the plan
-            before = pg._small.taken if compiled is not None else 0
+            before = compiled_calls()
             out = torch.zeros(sum(table[r][rank] for r in range(world)), 3, dtype=torch.float64)
             dist.all_to_all_single(out, torch.cat([rows(rank, j) for j in range(world)]),
                                    [table[r][rank] for r in range(world)], table[rank])
@@ -531,7 +536,7 @@ def fast_paths(cases):
             return
         expects = [table[r][rank] + (rank == 1 and r == 0) for r in range(world)]  # rank 1: a row more from 0
         out = torch.zeros(sum(expects), 3, dtype=torch.float64)
-        before = pg._small.taken if compiled is not None else 0
+        before = compiled_calls()
         try:
             dist.all_to_all_single(out, torch.cat([rows(rank, j) for j in range(world)]), expects, table[rank])
         except SizesDisagreeError as error:
@@ -551,7 +556,7 @@ def fast_paths(cases):
         case = f"fast_path/barrier/async={async_op}/late={late}"
 
         def barrier_call():
-            before = pg._small.taken if compiled is not None else 0
+            before = compiled_calls()
             seq = pg._state.seq
             if late and rank == world - 1:
                 time.sleep(0.35)
@@ -560,7 +565,7 @@ def fast_paths(cases):
             if async_op:
                 work.wait()
             held = time.monotonic() - start
-            took = (pg._small.taken - before) if compiled is not None else 0
+            took = compiled_calls() - before
             assert took == (1 if compiled_bytes else 0), f"{case}: the compiled path took {took} calls"
             assert pg._state.seq == seq + 1 and pg.describe_current() == f"barrier() #{seq + 1}", \
                 f"{case}: the group's bookkeeping says {pg.describe_current()!r} after call #{seq + 1}"
