@@ -36,6 +36,7 @@ import torch.distributed._functional_collectives as funcol
 
 import noop_backend  # bench/, beside this script
 from shmcoll_bench import script, timing
+from shmcoll_bench.cases import ALL_GATHER, FUNCOL_ALL_GATHER, FUNCOL_REDUCE_SCATTER, REDUCE_SCATTER
 from shmcoll_bench.sweep import Ctrl, parse_bytes
 
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")  # the default --ops
@@ -73,9 +74,9 @@ def calls(op: str, nbytes: int, group, world: int, rank: int):
         inp, out = torch.full((per,), float(rank)), torch.empty(per * world)
         outs = [torch.empty(per) for _ in range(world)]
         forms = {
-            "sync": returning(out, lambda: dist.all_gather_into_tensor(out, inp, group=group)),
-            "async": returning(out, lambda: dist.all_gather_into_tensor(out, inp, group=group, async_op=True).wait()),
-            "funcol": lambda: funcol.all_gather_tensor(inp, 0, group).wait(),
+            "sync": returning(out, lambda: ALL_GATHER(out, inp, group=group)),
+            "async": returning(out, lambda: ALL_GATHER(out, inp, group=group, async_op=True).wait()),
+            "funcol": lambda: FUNCOL_ALL_GATHER(inp, 0, group).wait(),
             "list": returning(outs, lambda: dist.all_gather(outs, inp, group=group)),
         }
         return forms, lambda: None, torch.arange(world, dtype=torch.float32).repeat_interleave(per)
@@ -110,9 +111,9 @@ def calls(op: str, nbytes: int, group, world: int, rank: int):
         return forms, lambda: None, torch.full((per,), float(rank))
     inp, out = torch.ones(per * world), torch.empty(per)
     forms = {
-        "sync": returning(out, lambda: dist.reduce_scatter_tensor(out, inp, group=group)),
-        "async": returning(out, lambda: dist.reduce_scatter_tensor(out, inp, group=group, async_op=True).wait()),
-        "funcol": lambda: funcol.reduce_scatter_tensor(inp, "sum", 0, group).wait(),
+        "sync": returning(out, lambda: REDUCE_SCATTER(out, inp, group=group)),
+        "async": returning(out, lambda: REDUCE_SCATTER(out, inp, group=group, async_op=True).wait()),
+        "funcol": lambda: FUNCOL_REDUCE_SCATTER(inp, "sum", 0, group).wait(),
     }
     return forms, lambda: None, torch.full((per,), float(world))
 

@@ -86,6 +86,7 @@ class Case(NamedTuple):
 def build(op: str, size: int, rank: int, world: int, per_node: int, fill) -> Case:
     import torch
     import torch.distributed as dist
+    from shmcoll_bench.cases import ALL_GATHER, REDUCE_SCATTER
 
     n, p = max(1, size // 4), max(1, size // 4 // world)
     whole, parts, root = 4 * n, 4 * p * world, rank == 0
@@ -111,10 +112,10 @@ def build(op: str, size: int, rank: int, world: int, per_node: int, fill) -> Cas
         return Case(whole, max(whole, per_node * whole // 2), run, lambda: out)
     if op == "all_gather_into_tensor":
         inp, out = fill(p), torch.zeros(p * world)
-        return Case(parts, parts // 2, lambda g: dist.all_gather_into_tensor(out, inp, group=g), lambda: out)
+        return Case(parts, parts // 2, lambda g: ALL_GATHER(out, inp, group=g), lambda: out)
     if op == "reduce_scatter_tensor":
         inp, out = fill(p * world), torch.zeros(p)
-        return Case(parts, parts // 2, lambda g: dist.reduce_scatter_tensor(out, inp, group=g), lambda: out)
+        return Case(parts, parts // 2, lambda g: REDUCE_SCATTER(out, inp, group=g), lambda: out)
     if op == "all_to_all_single":
         inp, out = fill(p * world), torch.zeros(p * world)
         return Case(parts, parts, lambda g: dist.all_to_all_single(out, inp, group=g), lambda: out)

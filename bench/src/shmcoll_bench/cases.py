@@ -16,6 +16,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from shmcoll_bench.report import dtype_name
 
@@ -34,6 +35,9 @@ BUSBW_FACTOR = {
 # _reduce_scatter_base); call the new names directly when present to skip the warning shim.
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# and funcol's all_gather_tensor / reduce_scatter_tensor alike (whose FutureWarning would fill bench_async's output)
+FUNCOL_ALL_GATHER = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+FUNCOL_REDUCE_SCATTER = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
 
 
 class Mismatch(Exception):
