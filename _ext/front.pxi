@@ -196,6 +196,22 @@ cdef class SmallCollectives:
         return (type(tensor) is self.tensor_type and tensor.is_cpu and tensor.layout is self.strided
                 and tensor.is_contiguous() and not tensor.is_neg())
 
+    cdef object _one_tensor(self, int which, tensors, opts):
+        """The tensor of a call of collective ``which`` on one plain tensor (all_reduce, broadcast, reduce, a
+        gather's input, a scatter's output) as torch passes it, in a list of its own with its options; else
+        None."""
+        if type(opts) is not self.options[which] or type(tensors) is not list or len(<list>tensors) != 1:
+            return None
+        tensor = (<list>tensors)[0]
+        return tensor if self._plain(tensor) else None
+
+    cdef inline bint _takes(self, tuple entry, Py_ssize_t count, Py_ssize_t nbytes, bint async_op):
+        """Whether a call of ``count`` elements (per rank, or per block) of the plan ``entry`` is this path's:
+        within the size the placement runs on the copy path (``compiled_bytes``) and, asynchronous, putting in
+        (``nbytes``, per rank) at most ``async_try_bytes``: above it the progress thread takes the call, whose
+        overlap with the caller pays for the hand-off (``OneNode.async_try_bytes``)."""
+        return 0 < count <= <Py_ssize_t>entry[1] and not (async_op and nbytes > self.async_try_bytes)
+
     cdef Py_ssize_t _op_value(self, int which, opts) except? -1:
         """The value of the call's ReduceOp (its ``RedOpType``; ``hash`` gives it, ``Collectives._admit``)."""
         cdef Py_ssize_t at = self.op_at[which]
@@ -271,7 +287,7 @@ cdef class SmallCollectives:
         steps.all_reached = steps.step
         return True
 
-    cdef void _start(self, uint64_t desc):
+    cdef void _start(self, uint64_t desc) noexcept:
         self.taken += 1
         cdef GroupState state = self.state
         state.seq += 1
@@ -284,9 +300,10 @@ cdef class SmallCollectives:
         waits for (they need one to arrive)."""
         return self.schedule.s.spin_ns + (self.schedule.s.yield_ns if self.schedule.s.yield_company > 0 else 0)
 
-    cdef inline int64_t _first_slice(self, bint async_op) noexcept:
-        """Make the schedule's first call of an asynchronous collective wait no longer than it would before it
-        sleeps (``_short_wait_ns``; the rest is the progress thread's); returns the slice to restore after it.
+    cdef inline int64_t _begin(self, uint64_t desc, bint async_op) noexcept:
+        """``_start`` a call on this thread, and make the schedule's first call of an asynchronous one wait no
+        longer than it would before it sleeps (``_short_wait_ns``; the rest is the progress thread's); returns
+        the slice to restore after that schedule call.
 
         The yields count where ranks share cores: a call left to the progress thread there costs its wake-ups
         on crowded cores, 5-15x the synchronous call (4 ranks on 2 cores, docs/benchmark-log.md, "Asynchronous
@@ -294,6 +311,7 @@ cdef class SmallCollectives:
         cdef int64_t slice_ns = self.schedule.s.slice_ns
         if async_op:
             self.schedule.s.slice_ns = self._short_wait_ns()
+        self._start(desc)
         return slice_ns
 
     cdef object _settle(self, finish, tuple args, result, inputs, uint64_t desc, bint async_op):
@@ -369,18 +387,15 @@ cdef class SmallCollectives:
     def allreduce(self, tensors, opts):
         """``group.allreduce(tensors, opts)``: as one one-shot step on this thread up to ``one_step_bytes``, by its
         route above (``allreduce_route``: one-shot steps or chunked on this thread, or over the lanes); or None."""
-        if type(opts) is not self.options[_ALLREDUCE] or type(tensors) is not list or len(<list>tensors) != 1:
-            return None
-        tensor = (<list>tensors)[0]
-        if not self._plain(tensor):
+        tensor = self._one_tensor(_ALLREDUCE, tensors, opts)
+        if tensor is None:
             return None
         entry = self._entry(_ALLREDUCE, tensor.dtype, self._op_value(_ALLREDUCE, opts))
         if entry is None:
             return None
         cdef Py_ssize_t count = tensor.numel(), itemsize = entry[2], nbytes = count * itemsize
         cdef bint async_op = self._async_op(_ALLREDUCE, opts)
-        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and nbytes > self.async_try_bytes)
-                or not self._may_start()):
+        if not self._takes(entry, count, nbytes, async_op) or not self._may_start():
             return None
         cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
         cdef uintptr_t addr = tensor.data_ptr()
@@ -391,8 +406,7 @@ cdef class SmallCollectives:
             return self._allreduce_routed(tensors, nbytes, async_op, desc, addr, count, entry, op, scale)
         cdef int64_t step = self.steps.step + 1
         cdef Py_ssize_t status
-        cdef int64_t slice_ns = self._first_slice(async_op)
-        self._start(desc)
+        cdef int64_t slice_ns = self._begin(desc, async_op)
         with nogil:
             status = one_shot(&self.schedule.s, <uint32_t>step, desc, <char *>addr, count, <int>itemsize, kernel,
                               op, scale, False)
@@ -420,8 +434,7 @@ cdef class SmallCollectives:
         cdef kernel_t kernel = <kernel_t><uintptr_t>entry[3]
         cdef Py_ssize_t status
         cdef bint steps = kind == KIND_ONE_SHOT_STEPS
-        cdef int64_t slice_ns = self._first_slice(async_op)
-        self._start(desc)
+        cdef int64_t slice_ns = self._begin(desc, async_op)
         with nogil:
             if steps:
                 status = one_shot_steps(&self.schedule.s, <uint32_t>base, desc, <char *>addr, count, <int>itemsize,
@@ -444,8 +457,7 @@ cdef class SmallCollectives:
         cdef int64_t step = self.steps.step + 1
         cdef uint64_t desc = self.barrier_desc
         cdef Py_ssize_t status
-        cdef int64_t slice_ns = self._first_slice(async_op)
-        self._start(desc)
+        cdef int64_t slice_ns = self._begin(desc, async_op)
         with nogil:
             status = barrier(&self.schedule.s, <uint32_t>step, desc)
         self.schedule.s.slice_ns = slice_ns
@@ -460,10 +472,8 @@ cdef class SmallCollectives:
     def reduce(self, tensors, opts):
         """``group.reduce(tensors, opts)`` on the copy path: the chunked schedule with a root (which alone gathers
         the shares), on this thread or over the lanes; or None."""
-        if type(opts) is not self.options[_REDUCE] or type(tensors) is not list or len(<list>tensors) != 1:
-            return None
-        tensor = (<list>tensors)[0]
-        if not self._plain(tensor):
+        tensor = self._one_tensor(_REDUCE, tensors, opts)
+        if tensor is None:
             return None
         cdef int64_t root = self._root(_REDUCE, opts)
         cdef Py_ssize_t op_value = self._op_value(_REDUCE, opts)
@@ -474,8 +484,7 @@ cdef class SmallCollectives:
             return None
         cdef Py_ssize_t count = tensor.numel(), itemsize = entry[2], nbytes = count * itemsize
         cdef bint async_op = self._async_op(_REDUCE, opts)
-        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and nbytes > self.async_try_bytes)
-                or not self._may_start()):
+        if not self._takes(entry, count, nbytes, async_op) or not self._may_start():
             return None
         cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
         cdef uintptr_t addr = tensor.data_ptr(), kernel = entry[3]
@@ -487,8 +496,7 @@ cdef class SmallCollectives:
                                                         tensors, tensors)
         cdef int64_t base = self.steps.step
         cdef Py_ssize_t status
-        cdef int64_t slice_ns = self._first_slice(async_op)
-        self._start(desc)
+        cdef int64_t slice_ns = self._begin(desc, async_op)
         with nogil:
             status = chunked(&self.schedule.s, <uint32_t>base, desc, <char *>addr, count, <int>itemsize,
                              <kernel_t>kernel, op, scale, <int>root, -1)
@@ -499,10 +507,8 @@ cdef class SmallCollectives:
 
     def broadcast(self, tensors, opts):
         """``group.broadcast(tensors, opts)`` on the copy path, on this thread or over the lanes; or None."""
-        if type(opts) is not self.options[_BROADCAST] or type(tensors) is not list or len(<list>tensors) != 1:
-            return None
-        tensor = (<list>tensors)[0]
-        if not self._plain(tensor):
+        tensor = self._one_tensor(_BROADCAST, tensors, opts)
+        if tensor is None:
             return None
         cdef int64_t root = self._root(_BROADCAST, opts)  # a root out of the group's range has no entry
         entry = self._entry(_BROADCAST, tensor.dtype, root)
@@ -510,8 +516,7 @@ cdef class SmallCollectives:
             return None
         cdef Py_ssize_t count = tensor.numel(), nbytes = count * <Py_ssize_t>entry[2]
         cdef bint async_op = self._async_op(_BROADCAST, opts)
-        if (count <= 0 or count > <Py_ssize_t>entry[1] or (async_op and nbytes > self.async_try_bytes)
-                or not self._may_start()):
+        if not self._takes(entry, count, nbytes, async_op) or not self._may_start():
             return None
         cdef int64_t base = self.steps.step
         cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
@@ -520,8 +525,7 @@ cdef class SmallCollectives:
             return None if async_op else self._on_lanes(KIND_BROADCAST, self.lanes.for_bytes(nbytes), desc, addr, 0,
                                                         nbytes, 1, 0, 0, 0, 0, 0, 1.0, <int>root, tensors, tensors)
         cdef Py_ssize_t status
-        cdef int64_t slice_ns = self._first_slice(async_op)
-        self._start(desc)
+        cdef int64_t slice_ns = self._begin(desc, async_op)
         with nogil:
             status = broadcast(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, <int>root, -1)
         self.schedule.s.slice_ns = slice_ns
@@ -592,9 +596,8 @@ cdef class SmallCollectives:
         return total
 
     cdef inline bint _gathers(self, tuple entry, Py_ssize_t count, bint async_op):
-        """Whether an all-gather of ``count`` elements per rank is this path's (its size, and its hand-off)."""
-        return (0 < count <= <Py_ssize_t>entry[1]
-                and not (async_op and count * <Py_ssize_t>entry[2] > self.async_try_bytes))
+        """Whether an all-gather, a gather or a scatter of ``count`` elements per rank is this path's."""
+        return self._takes(entry, count, count * <Py_ssize_t>entry[2], async_op)
 
     cdef object _allgather(self, tuple entry, Py_ssize_t count, bint async_op, uintptr_t addr, uintptr_t out,
                            bint listed, result, inputs):
@@ -609,8 +612,7 @@ cdef class SmallCollectives:
                                                         nbytes, 1, 0, nbytes, <uintptr_t>blocks, 0, 0, 1.0, -1,
                                                         result, inputs)
         cdef Py_ssize_t status
-        cdef int64_t slice_ns = self._first_slice(async_op)
-        self._start(desc)
+        cdef int64_t slice_ns = self._begin(desc, async_op)
         with nogil:
             status = allgather(&self.schedule.s, <uint32_t>base, desc, <char *>addr, nbytes, <char *>out, nbytes,
                                blocks, -1)
@@ -642,8 +644,8 @@ cdef class SmallCollectives:
             return None
         cdef Py_ssize_t count = output.numel(), itemsize = entry[2]
         cdef bint async_op = self._async_op(_REDUCE_SCATTER, opts)
-        if (count <= 0 or count > <Py_ssize_t>entry[1] or input.numel() != count * self.size
-                or (async_op and count * itemsize * self.size > self.async_try_bytes) or not self._may_start()):
+        if (not self._takes(entry, count, count * itemsize * self.size, async_op)
+                or input.numel() != count * self.size or not self._may_start()):
             return None
         cdef int64_t base = self.steps.step
         cdef uint64_t desc = <uint64_t>entry[0] | (<uint64_t>count) << self.count_shift
@@ -656,8 +658,7 @@ cdef class SmallCollectives:
                                                         desc, addr, out, count, itemsize, count, 0, 0, kernel, op,
                                                         scale, -1, [output], [input])
         cdef Py_ssize_t status
-        cdef int64_t slice_ns = self._first_slice(async_op)
-        self._start(desc)
+        cdef int64_t slice_ns = self._begin(desc, async_op)
         with nogil:
             status = reduce_scatter(&self.schedule.s, <uint32_t>base, desc, <char *>addr, count, count, <int>itemsize,
                                     <char *>out, apart(out, addr, count, count, <int>itemsize, self.size),
@@ -672,11 +673,8 @@ cdef class SmallCollectives:
         root, asynchrony and descriptor into ``call``. ``tensors`` is one plain tensor (a gather's
         input, a scatter's output); ``lists`` the root's one list of a tensor per rank (their addresses into
         ``blocks``), the others' empty, as torch passes them."""
-        if (type(opts) is not self.options[which] or type(tensors) is not list or len(<list>tensors) != 1
-                or type(lists) is not list):
-            return False
-        tensor = (<list>tensors)[0]
-        if not self._plain(tensor):
+        tensor = self._one_tensor(which, tensors, opts)
+        if tensor is None or type(lists) is not list:
             return False
         call.root = self._root(which, opts)  # a root out of the group's range has no entry
         dtype = tensor.dtype
@@ -706,8 +704,7 @@ cdef class SmallCollectives:
         cdef uintptr_t addr = input.data_ptr()
         cdef int64_t base = self.steps.step
         cdef Py_ssize_t status
-        cdef int64_t slice_ns = self._first_slice(call.async_op)
-        self._start(call.desc)
+        cdef int64_t slice_ns = self._begin(call.desc, call.async_op)
         with nogil:
             status = gather(&self.schedule.s, <uint32_t>base, call.desc, <const char *>addr, call.nbytes,
                             <int>call.root, blocks, -1)
@@ -727,8 +724,7 @@ cdef class SmallCollectives:
         cdef uintptr_t out = (<list>output_tensors)[0].data_ptr()
         cdef int64_t base = self.steps.step
         cdef Py_ssize_t status
-        cdef int64_t slice_ns = self._first_slice(call.async_op)
-        self._start(call.desc)
+        cdef int64_t slice_ns = self._begin(call.desc, call.async_op)
         with nogil:
             status = scatter(&self.schedule.s, <uint32_t>base, call.desc, blocks, call.nbytes, <int>call.root,
                              <char *>out, -1)
@@ -808,8 +804,7 @@ cdef class SmallCollectives:
         write_size_row(<int64_t *>(self.tables[buffer] + self.schedule.s.me * self.table_stride), self.size,
                        self.transfers, self.transfers + 2 * self.size, 0)
         cdef Py_ssize_t status
-        cdef int64_t slice_ns = self._first_slice(async_op)
-        self._start(desc)
+        cdef int64_t slice_ns = self._begin(desc, async_op)
         with nogil:
             status = alltoall(&self.schedule.s, <uint32_t>base, desc, self.transfers, self.transfers + 2 * self.size,
                               <const char *>self.tables[buffer], self.table_stride, self.agreed, -1)
