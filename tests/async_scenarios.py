@@ -426,10 +426,79 @@ def works_held_by_torch(cases):
             assert_equal(other, grads, case)
         return grads
 
+    def waiting_callbacks(backend: str, n: int, how: str):
+        """A future's callback that issues a collective on the same group and waits for it, as torch's PowerSGD
+        DDP hook does, on ranks whose first call was left to the progress thread (the last rank comes late): a
+        callback runs on whatever thread completes its future, which must not be the one its wait needs. ``how``
+        it waits: for the future, for the Work, or for a future whose own callback waits again."""
+        group = groups[backend]
+        case = f"waiting_callbacks/{backend}/{n}/{how}"
+        first, second, third = (torch.full((n,), float(rank + 1 + k)) for k in range(3))
+
+        def callback(future):
+            future.wait()
+            work = dist.all_reduce(second, group=group, async_op=True)
+            if how == "work":
+                work.wait()
+            elif how == "future":
+                work.get_future().wait()
+            else:
+                work.get_future().then(
+                    lambda _: dist.all_reduce(third, group=group, async_op=True).get_future().wait()).wait()
+            return first
+
+        if rank == world - 1:
+            time.sleep(0.05)
+        future = dist.all_reduce(first, group=group, async_op=True).get_future().then(callback)
+        deadline = time.monotonic() + PROMPT_S
+        while not future.done():
+            assert time.monotonic() < deadline, f"{case}: never completed"
+            time.sleep(0.001)
+        future.wait()
+        assert_equal(first, torch.full((n,), total), case)
+        assert_equal(second, torch.full((n,), total + world), case)
+        if how == "nested":
+            assert_equal(third, torch.full((n,), total + 2 * world), case)
+
+    def waiting_transfer_callbacks(n: int, how: str):
+        """The same for a receive's future (shm alone: Gloo's point-to-point Works have none), whose callback
+        receives again, the sender late: the point-to-point thread completes it, holding its engine's lock."""
+        case = f"waiting_transfer_callbacks/{n}/{how}"
+        messages = [make_input(f"{case}/{k}", 1, DTYPE, n) for k in range(2)]
+        if rank == 1:
+            time.sleep(0.05)
+            for message in messages:
+                dist.send(message, 0)
+        elif rank == 0:
+            received = [torch.empty(n) for _ in messages]
+
+            def callback(future):
+                future.wait()
+                work = dist.irecv(received[1], 1)
+                work.wait() if how == "work" else work.get_future().wait()
+                return received
+
+            future = dist.irecv(received[0], 1).get_future().then(callback)
+            deadline = time.monotonic() + PROMPT_S
+            while not future.done():
+                assert time.monotonic() < deadline, f"{case}: never completed"
+                time.sleep(0.001)
+            future.wait()
+            for got, want in zip(received, messages):
+                assert_equal(got, want, case)
+
     for n in (2, 4099):
         for backend in ("gloo", "shm"):
             cases.run(f"functional/{backend}/{n}", functional, backend, n)
             cases.run(f"chained/{backend}/{n}", chained, backend, n)
+    for n in (2, 1 << 20):  # 4 MiB: above what a call is tried inline with
+        for how in ("future", "work", "nested"):
+            # Gloo's two worker threads complete its futures: a callback that waits in a callback that waits
+            # takes both, and the third collective waits for one forever
+            for backend in ("gloo", "shm") if how != "nested" else ("shm",):
+                cases.run(f"waiting_callbacks/{backend}/{n}/{how}", waiting_callbacks, backend, n, how)
+        for how in ("future", "work"):
+            cases.run(f"waiting_transfer_callbacks/{n}/{how}", waiting_transfer_callbacks, n, how)
     grads = {}
 
     def ddp_both():

@@ -49,6 +49,11 @@ def test_ddp_over_sparse_embeddings_matches_gloo(world_size):
 
 
 @pytest.mark.compat
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ddp_powersgd_matches_gloo(world_size):
+    assert_job_passes(spawn("tests.library_scenarios:powersgd_ddp", world_size, timeout=120), min_cases=1)
+
+
 def test_torch_compile():
     """Compiled functions calling eager collectives (aot_eager, inductor), and torch.compile(DDP(model))."""
     assert_job_passes(spawn("tests.library_scenarios:compiled", 2, timeout=600), min_cases=3)

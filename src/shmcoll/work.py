@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from shmcoll import _state, _torch_compat, descriptors, profiling
 from shmcoll._callers import caller_is
+from shmcoll.completions import COMPLETIONS
 
 
 def held(tensors):
@@ -147,8 +148,8 @@ class AsyncWork(dist.Work):
         self._end_event()
         with self._lock:
             completion = self._claim_completion()
-        if completion is not None:  # outside the lock: its callbacks may ask for the future again
-            completion.set_result(None)
+        if completion is not None:  # its callbacks may wait for a later collective: not on this thread
+            COMPLETIONS.complete(completion)
 
     @property
     def ended(self) -> bool:
