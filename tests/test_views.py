@@ -1,5 +1,5 @@
-"""Lazily negated and conjugated views in every collective and send/recv (tests.view_scenarios), read and written
-as torch shows them: one rank, one node of 3, and nodes of 2 + 1."""
+"""Lazily negated and conjugated views, and tensors at a stride of 2, in every collective and send/recv
+(tests.view_scenarios), read and written as torch shows them: one rank, one node of 3, and nodes of 2 + 1."""
 import pytest
 
 from tests import view_scenarios
@@ -15,7 +15,11 @@ def planned(world_size: int) -> int:
     per = 3 * 2 * 2
     neg = sum(names - dtype.is_complex for dtype in view_scenarios.NEG_DTYPES)  # no MAX of complex numbers
     conj = len(view_scenarios.CONJ_DTYPES) * (names - 1)
-    return (neg + conj) * per
+    # strided: 3 sizes too, but send_recv only where the receiver's tensor is contiguous (at most one element)
+    strided = (sum(names - dtype.is_complex for dtype in view_scenarios.STRIDED_DTYPES) * per
+               - (world_size > 1) * len(view_scenarios.STRIDED_DTYPES) * sum(
+                   count > 1 for count in view_scenarios.STRIDED_COUNTS) * 2 * 2)
+    return (neg + conj) * per + strided
 
 
 # The compatibility tier (TESTING.md, "Every torch") takes the 3 ranks on one node.

@@ -1,5 +1,5 @@
-"""Lazily negated and conjugated views (the neg and conj bits) in every collective and in send/recv, synchronous
-and asynchronous, against local references (tests/test_views.py).
+"""Lazily negated and conjugated views (the neg and conj bits), and tensors at a stride of 2, in every collective
+and in send/recv, synchronous and asynchronous, against local references (tests/test_views.py).
 
 A neg-bit view's memory holds the negation of what torch shows (``torch._neg_view(m)`` shows -m; so does the
 imaginary part of a conjugated complex tensor, ``c.conj().imag``); a conj-bit view's memory holds the
@@ -21,18 +21,26 @@ from tests.references import assert_equal, make_input, reference_reduce
 NEG_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32,
               torch.int64, torch.uint8, torch.complex64, torch.complex128)
 CONJ_DTYPES = (torch.complex64, torch.complex128)
+# Tensors at a stride of 2, of every itemsize: at most one element, torch calls them contiguous (and keeps the
+# stride in their flat views, which a view as bytes refuses); more, they are not.
+STRIDED_DTYPES = (torch.uint8, torch.int16, torch.bfloat16, torch.float32, torch.int64, torch.complex64)
+STRIDED_COUNTS = (0, 1, 7)
 
 
 def shown_as(kind: str, values: torch.Tensor) -> torch.Tensor:
-    """A tensor torch shows as ``values`` whose memory holds other values: a neg-bit or conj-bit view."""
+    """A tensor torch shows as ``values`` whose memory holds other values (a neg-bit or conj-bit view), or holds
+    them at a stride of 2 (``strided``)."""
     if kind == "neg":
         return torch._neg_view(-values)
+    if kind == "strided":
+        count = values.numel()
+        return torch.empty(max(2 * count - 1, 1), dtype=values.dtype).as_strided((count,), (2,)).copy_(values)
     assert kind == "conj"
     return values.conj().resolve_conj().conj()
 
 
 def blank(kind: str, like: torch.Tensor) -> torch.Tensor:
-    """An output of ``kind`` (a neg-bit or conj-bit view) to be written, showing garbage first."""
+    """An output of ``kind`` (as ``shown_as`` makes it) to be written, showing garbage first."""
     return shown_as(kind, torch.full_like(like, 7))
 
 
@@ -148,14 +156,16 @@ def every_view(cases, big: str):
     names = ("all_reduce", "all_reduce_max", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
              "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single",
              "send_recv")
-    for kind, dtypes in (("neg", NEG_DTYPES), ("conj", CONJ_DTYPES)):
+    for kind, dtypes in (("neg", NEG_DTYPES), ("conj", CONJ_DTYPES), ("strided", STRIDED_DTYPES)):
         for dtype in dtypes:
             for name in names:
                 if name == "all_reduce_max" and dtype.is_complex:
                     continue  # no order on complex numbers
                 if name in ("send_recv",) and world == 1:
                     continue
-                for count in counts:
+                for count in counts if kind != "strided" else STRIDED_COUNTS:
+                    if name == "send_recv" and kind == "strided" and count > 1:
+                        continue  # a receive into a tensor that is not contiguous is refused (README)
                     for async_op in (False, True):
                         # twice: the second call of a plan takes the fast paths that the first admitted
                         for n in range(2):

@@ -21,6 +21,16 @@ def unstage(tensor: torch.Tensor, staged_tensor: torch.Tensor) -> None:
         tensor.copy_(staged_tensor)
 
 
+def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes, as a flat uint8 view. torch calls a tensor of at most one element contiguous
+    whatever its stride (``t[::2]`` of two elements has stride 2), and keeps that stride in its flat views,
+    which a view as another itemsize refuses: such a one is viewed with stride 1 first."""
+    flat = tensor.detach().reshape(-1)
+    if flat.stride(0) != 1:
+        flat = flat.as_strided((flat.numel(),), (1,))
+    return flat.view(torch.uint8)
+
+
 def shows_other_values(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s memory holds other values than torch shows: a lazily negated or conjugated view (the
     neg or conj bit: ``torch._neg_view``, ``x.conj()``, ``x.conj().imag``), whose every read and write torch

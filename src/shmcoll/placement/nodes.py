@@ -39,12 +39,7 @@ from shmcoll.placement.across.shape import Shape
 from shmcoll.placement.flat import Flat
 from shmcoll.placement.node import OnArena
 from shmcoll.placement.whole import allgather_whole
-from shmcoll.staging import staged_empty, unstage
-
-
-def _bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's bytes, as a flat uint8 view."""
-    return tensor.detach().reshape(-1).view(torch.uint8)
+from shmcoll.staging import flat_bytes, staged_empty, unstage
 
 
 def _gives_up_on_failure(plan):
@@ -149,8 +144,8 @@ class Nodes(OnArena):
     @_gives_up_on_failure
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], desc: int) -> None:
         targets = [staged_empty(t) for t in outputs]
-        _alltoall.alltoall(self.shape, self.links, self.alltoall_agreed, [_bytes(t.contiguous()) for t in inputs],
-                           [_bytes(t) for t in targets], desc)
+        _alltoall.alltoall(self.shape, self.links, self.alltoall_agreed, [flat_bytes(t.contiguous()) for t in inputs],
+                           [flat_bytes(t) for t in targets], desc)
         for out, target in zip(outputs, targets):
             unstage(out, target)
 
@@ -158,7 +153,7 @@ class Nodes(OnArena):
     def alltoall_single(self, output: torch.Tensor, input: torch.Tensor, out_blocks, in_blocks, desc: int) -> None:
         """``out_blocks``/``in_blocks``: (byte offset, byte count) of each rank's block."""
         target = staged_empty(output)
-        source, received = _bytes(input.contiguous()), _bytes(target)
+        source, received = flat_bytes(input.contiguous()), flat_bytes(target)
         sends = [source[off:off + n] for off, n in in_blocks]
         _alltoall.alltoall(self.shape, self.links, self.alltoall_agreed, sends,
                            [received[off:off + n] for off, n in out_blocks], desc)
@@ -230,7 +225,7 @@ class _OnRails:
 
     def allgather(self, outputs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
         targets = [staged_empty(out) for out in outputs]
-        _allgather.allgather(self.shape, self.links, [_bytes(t) for t in targets], input, desc)
+        _allgather.allgather(self.shape, self.links, [flat_bytes(t) for t in targets], input, desc)
         for out, target in zip(outputs, targets):
             unstage(out, target)
 

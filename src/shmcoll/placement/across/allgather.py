@@ -20,13 +20,13 @@ import torch
 from shmcoll.placement.across import pipeline, stages
 from shmcoll.placement.across.barrier import barrier
 from shmcoll.placement.across.network import EXCHANGE_NODES
-from shmcoll.staging import staged_empty, unstage
+from shmcoll.staging import flat_bytes, staged_empty, unstage
 
 
 def allgather_into(shape, links, output: torch.Tensor, input: torch.Tensor, desc: int) -> None:
     """Nodes of equal size; ``output`` holds every rank's ``input`` in rank order."""
     target = staged_empty(output)
-    out = target.reshape(-1).view(torch.uint8)
+    out = flat_bytes(target)
     nbytes = input.nbytes
     allgather(shape, links, [out[r * nbytes:(r + 1) * nbytes] for r in range(shape.size)], input, desc)
     unstage(output, target)
@@ -34,7 +34,7 @@ def allgather_into(shape, links, output: torch.Tensor, input: torch.Tensor, desc
 
 def allgather(shape, links, outs: list[torch.Tensor], input: torch.Tensor, desc: int) -> None:
     """Nodes of equal size; ``outs[r]``: a contiguous uint8 view that receives rank r's ``input``."""
-    source = input.contiguous().reshape(-1).view(torch.uint8)
+    source = flat_bytes(input.contiguous())
     nbytes = source.numel()
     if nbytes == 0:  # still a collective, as on one node: the ranks meet
         return barrier(shape, links, desc)

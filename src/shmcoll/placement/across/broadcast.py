@@ -15,14 +15,14 @@ import torch
 
 from shmcoll.placement.across import pipeline, stages
 from shmcoll.placement.across.barrier import barrier
-from shmcoll.staging import staged, unstage
+from shmcoll.staging import flat_bytes, staged, unstage
 
 
 def broadcast(shape, links, tensor: torch.Tensor, root: int, desc: int) -> None:
     if tensor.numel() == 0:  # still a collective, as on one node: the ranks meet
         return barrier(shape, links, desc)
     work = staged(tensor)
-    data = work.reshape(-1).view(torch.uint8)
+    data = flat_bytes(work)
     base, nbytes = data.data_ptr(), data.numel()
     root_node, root_local = shape.node_of(root)
     small = shape.small(nbytes)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from shmcoll.errors import InterNodeError
+from shmcoll.staging import flat_bytes
 
 
 # Up to this many members, a stage in which every member sends to every other does it with direct
@@ -27,7 +28,7 @@ EXCHANGE_NODES = 8
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor's bytes, as Gloo's collectives are given them: they refuse int16, uint16-64 and
     the float8 types, and gather no complex tensor, while bytes go through every one of them."""
-    return tensor.view(-1).view(torch.uint8)
+    return flat_bytes(tensor)
 
 
 class Pending(NamedTuple):
