@@ -104,6 +104,16 @@ def layouts(cases):
             dist.reduce_scatter(out, [_data(rank, (n,), tag=i) for i in range(world)], group=group)
             return [out]
 
+        def reduce_scatter_uneven(group, n=n):
+            # Blocks of different sizes, as torch allows: rank j's output is as long as every rank's block j
+            summed, maxed = torch.full((n + rank,), -1.0), torch.full((n + rank,), -1.0)
+            work = dist.reduce_scatter(summed, [_data(rank, (n + j,), tag=j) for j in range(world)], group=group,
+                                       async_op=True)
+            dist.reduce_scatter(maxed, [_data((rank * 5) % 3, (n + j,), tag=j) for j in range(world)],
+                                op=R.MAX, group=group)
+            work.wait()
+            return [summed, maxed]
+
         def coalescing_manager(group, n=n):
             from torch.distributed.distributed_c10d import _coalescing_manager
 
@@ -125,7 +135,7 @@ def layouts(cases):
             return gathered + scattered + reduced
 
         for fn in (all_gather, all_gather_coalesced, gather, scatter, all_to_all, all_to_all_single,
-                   reduce_scatter_list, coalescing_manager):
+                   reduce_scatter_list, reduce_scatter_uneven, coalescing_manager):
             cases.run(f"{fn.__name__}/{n}", lambda fn=fn: _same(*_both(fn), fn.__name__))
 
     def objects(group):

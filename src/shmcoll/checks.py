@@ -80,6 +80,23 @@ def one_list_like(lists, size: int, model: torch.Tensor, what: str) -> list:
     return tensors
 
 
+def blocks(lists, size: int, output: torch.Tensor, rank: int, what: str) -> list:
+    """The input list of reduce_scatter's list form: one dense CPU tensor per rank of ``output``'s dtype, this
+    rank's block as long as ``output``. The blocks may differ in size, as torch (and Gloo, and NCCL) allow: rank
+    r's output is as long as every rank's block r, which the collective's descriptors check between ranks."""
+    if len(lists) != 1:
+        raise ValueError(f"{what}: expected one list, got {len(lists)}")
+    tensors = list_of_size(lists[0], size, f"{what} list")
+    for i, t in enumerate(tensors):
+        tensor(t, f"{what}[{i}]")
+        if t.dtype != output.dtype:
+            raise ValueError(f"{what}[{i}] is {t.dtype}; the output is {output.dtype}")
+    if tensors[rank].numel() != output.numel():
+        raise ValueError(f"{what}[{rank}] has {tensors[rank].numel()} elements, this rank's output "
+                         f"{output.numel()}: rank r's output is as long as block r of every rank's input")
+    return tensors
+
+
 def like(tensors, model: torch.Tensor, what: str) -> None:
     """Every tensor of ``tensors`` is a dense CPU tensor of ``model``'s dtype and element count."""
     for i, t in enumerate(tensors):

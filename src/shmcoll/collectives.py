@@ -401,8 +401,28 @@ class Collectives:
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         output = checks.one_tensor(output_tensors, "reduce_scatter output")
-        inputs = checks.one_list_like(input_lists, self._size, output, "reduce_scatter input")
+        inputs = checks.blocks(input_lists, self._size, output, self._rank, "reduce_scatter input")
+        if any(t.numel() != output.numel() for t in inputs):
+            return self._reduce_scatter_uneven(output, inputs, opts)
         return self._reduce_scatter(output, lambda: torch.cat([t.reshape(-1) for t in inputs]), opts, inputs)
+
+    def _reduce_scatter_uneven(self, output, inputs, opts):
+        """reduce_scatter's list form with blocks of different sizes: a reduce of each rank's block to that rank
+        (as NCCL runs it), as one Work; the root reduces its block into its output, the others a copy of theirs
+        (a reduce may use a non-root's tensor as scratch)."""
+        red = self._reductions.plan(_reduce_op(opts), output.dtype, "reduce_scatter")
+        calls = [(root, block, descriptors.descriptor(descriptors.REDUCE, red.view(block).numel(), red.dtype.code,
+                                                      red.code, root))
+                 for root, block in enumerate(inputs)]
+
+        def reduce(root, block, desc):
+            if root != self._rank:
+                return self._placement.reduce(block.clone(), root, red, desc)
+            output.copy_(block)
+            self._placement.reduce(output, root, red, desc)
+            red.finish(output)
+
+        return self._launch_each(calls, reduce, [output], opts, list(inputs))
 
     def reduce_scatter_single(self, output, input, opts=None):
         # all_reduce's fast path (see there) for FSDP2's gradient reduce-scatters and tensor-parallel
