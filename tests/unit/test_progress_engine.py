@@ -92,7 +92,11 @@ def test_a_wait_with_a_timeout_does_not_run_the_collective():
 
 def test_the_future_of_an_async_work_is_made_when_asked_for_and_completes_once_either_way():
     """get_future before the collective ends, after it, or from a callback of the future itself: one future,
-    completed once with the result, or with the collective's error (which value() raises)."""
+    completed once with the result, or with the collective's error (which value() raises). One asked for before
+    the end completes, with its callbacks, on a thread other than the one that finished the collective (a
+    callback may wait for a later collective, which that thread may be the one to run: completions.py)."""
+    import threading
+
     import pytest
 
     from shmcoll.work import AsyncWork
@@ -100,10 +104,13 @@ def test_the_future_of_an_async_work_is_made_when_asked_for_and_completes_once_e
     before = AsyncWork(["result"], lambda: "before")
     future = before.get_future()
     seen = []
-    future.then(lambda f: seen.append((f.value(), before.get_future() is future)))  # asks again in its callback
+    chained = future.then(lambda f: seen.append((f.value(), before.get_future() is future,  # asks again
+                                                 threading.current_thread())))
     assert not future.done()
     before.finish()
-    assert future.done() and future.value() == ["result"] and seen == [(["result"], True)]
+    chained.wait()
+    assert future.done() and future.value() == ["result"]
+    assert seen == [(["result"], True, seen[0][2])] and seen[0][2] is not threading.current_thread()
 
     after = AsyncWork(["late"], lambda: "after")
     after.finish()
