@@ -15,10 +15,7 @@ def planned(world_size: int) -> int:
     per = 3 * 2 * 2
     neg = sum(names - dtype.is_complex for dtype in view_scenarios.NEG_DTYPES)  # no MAX of complex numbers
     conj = len(view_scenarios.CONJ_DTYPES) * (names - 1)
-    # strided: 3 sizes too, but send_recv only where the receiver's tensor is contiguous (at most one element)
-    strided = (sum(names - dtype.is_complex for dtype in view_scenarios.STRIDED_DTYPES) * per
-               - (world_size > 1) * len(view_scenarios.STRIDED_DTYPES) * sum(
-                   count > 1 for count in view_scenarios.STRIDED_COUNTS) * 2 * 2)
+    strided = sum(names - dtype.is_complex for dtype in view_scenarios.STRIDED_DTYPES) * per
     return (neg + conj) * per + strided
 
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from shmcoll import (_front, _p2p, _torch_compat, checks, descriptors, gloo_exit, kernel_library, ops,
-                     option_fields, placement, profiling, sparse)
+                     option_fields, placement, profiling, sparse, staging)
 from shmcoll._env import read_settings
 from shmcoll._state import DebugSwitch, GroupState
 from shmcoll._logging import configure as _configure_logging
@@ -37,7 +37,7 @@ from shmcoll.algorithms import alltoall as alltoall_algorithm
 from shmcoll.algorithms import barrier as barrier_algorithm
 from shmcoll.algorithms import schedule as schedule_driver
 from shmcoll.errors import AbortedError, ShmcollError
-from shmcoll.work import CompletedWork, ProgressEngine, ending, held
+from shmcoll.work import CompletedWork, ProgressEngine, WritingBack, ending, held
 
 _STRIDED = torch.strided
 _profiling = profiling.active
@@ -602,15 +602,20 @@ class Collectives:
     def recv(self, tensors, srcRank: int, tag: int = 0):
         tensor = checks.one_tensor(tensors, "recv")
         src = checks.peer(srcRank, self._rank, self._size, "recv")
-        self._check_usable()
-        event = profiling.start_p2p("recv", tensor, src, tag, self._size)
-        return ending(self._placement.recv(tensor, src, tag), event)
+        return self._receive(tensor, src, tag)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        tensor = checks.one_tensor(tensors, "recv")
+        return self._receive(checks.one_tensor(tensors, "recv"), None, tag)
+
+    def _receive(self, tensor, src: int | None, tag: int):
+        """A receive from ``src`` (None: any rank). The placements receive into contiguous memory: a tensor that
+        is not contiguous gets a contiguous stand-in, copied into it once the message is in (``WritingBack``).
+        Refusing it instead (as Gloo does) would leave the sender's message for the next receive."""
         self._check_usable()
-        event = profiling.start_p2p("recv", tensor, None, tag, self._size)
-        return ending(self._placement.recv(tensor, None, tag), event)
+        event = profiling.start_p2p("recv", tensor, src, tag, self._size)
+        target = staging.staged_empty(tensor)
+        work = ending(self._placement.recv(target, src, tag), event)
+        return work if target is tensor else WritingBack(work, [(tensor, target)], [tensor])
 
     # -- teardown ------------------------------------------------------------
 

@@ -399,10 +399,7 @@ class OneNode(OnArena):
         return self.p2p.start(Send(self.p2p, dst, source.data_ptr(), source.nbytes, tag, [source]))
 
     def recv(self, tensor: torch.Tensor, src: int | None, tag: int):
-        """From ``src``, or from whichever rank sends first when ``src`` is None."""
-        if not tensor.is_contiguous():
-            raise ValueError("recv: the shm backend receives into contiguous tensors only; "
-                             "pass tensor.contiguous() and copy it back")
+        """Into the contiguous ``tensor``, from ``src``, or from whichever rank sends first when ``src`` is None."""
         return self.p2p.start(Recv(self.p2p, src, tensor.data_ptr(), tensor.nbytes, tag, [tensor]))
 
     # -- lifecycle -------------------------------------------------------------
