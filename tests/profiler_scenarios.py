@@ -20,7 +20,7 @@ EXPECTED = {
     "all_gather": [[[6]]],  # all_gather_into_tensor
     "broadcast": [[[7, 2]]],
     "barrier": [[]],
-    "reduce_scatter": [[[16]]],  # reduce_scatter_tensor of 2 ranks x 8
+    "reduce_scatter": [[[16]], [[2], [3]]],  # reduce_scatter_tensor of 2 ranks x 8; the list form, uneven blocks
     "send": [[[3]]],  # each rank sends to the other, and receives
     "recv": [[[3]]],
 }
@@ -41,6 +41,7 @@ def profiled_job(cases):
         dist.broadcast(torch.ones(7, 2), src=0)
         dist.barrier()
         dist.reduce_scatter_tensor(torch.empty(8), torch.ones(8 * world))
+        dist.reduce_scatter(torch.empty(2 + rank), [torch.ones(2 + r) for r in range(world)])
         peer, got = (rank + 1) % world, torch.empty(3)
         ops = [dist.P2POp(dist.isend, torch.ones(3), peer), dist.P2POp(dist.irecv, got, peer)]
         for work in dist.batch_isend_irecv(ops if rank == 0 else ops[::-1]):

@@ -70,12 +70,17 @@ def rooted(opts, lists, model: torch.Tensor, size: int, rank: int, op: str, role
     return root_rank, rooted_list(lists, rank == root_rank, model, size, root_rank, rank, f"{op} {role}")
 
 
-def one_list_like(lists, size: int, model: torch.Tensor, what: str) -> list:
+def _one_list(lists, size: int, what: str) -> list:
     """The tensor list of a c10d list-of-lists argument (one list per device: a CPU group takes one), with
-    one tensor per rank, each like ``model``."""
+    one tensor per rank."""
     if len(lists) != 1:
         raise ValueError(f"{what}: expected one list, got {len(lists)}")
-    tensors = list_of_size(lists[0], size, f"{what} list")
+    return list_of_size(lists[0], size, f"{what} list")
+
+
+def one_list_like(lists, size: int, model: torch.Tensor, what: str) -> list:
+    """``_one_list``, each tensor like ``model``."""
+    tensors = _one_list(lists, size, what)
     like(tensors, model, what)
     return tensors
 
@@ -84,9 +89,7 @@ def blocks(lists, size: int, output: torch.Tensor, rank: int, what: str) -> list
     """The input list of reduce_scatter's list form: one dense CPU tensor per rank of ``output``'s dtype, this
     rank's block as long as ``output``. The blocks may differ in size, as torch (and Gloo, and NCCL) allow: rank
     r's output is as long as every rank's block r, which the collective's descriptors check between ranks."""
-    if len(lists) != 1:
-        raise ValueError(f"{what}: expected one list, got {len(lists)}")
-    tensors = list_of_size(lists[0], size, f"{what} list")
+    tensors = _one_list(lists, size, what)
     for i, t in enumerate(tensors):
         tensor(t, f"{what}[{i}]")
         if t.dtype != output.dtype:

@@ -277,17 +277,19 @@ class Collectives:
             return self._engine.finished(result, desc, error)
         return self._engine.finished(result, desc)
 
-    def _launch_each(self, calls, step, result, opts, inputs):
+    def _launch_each(self, calls, step, result, opts, inputs, whole: int | None = None):
         """A coalesced call: ``step(*args, desc)`` for each (*args, desc) of ``calls``, in order, as one Work
-        (``inputs``: as ``_launch`` takes them, of all the calls together)."""
+        (``inputs``: as ``_launch`` takes them, of all the calls together). ``whole``: the descriptor that names
+        the call in its profiler event and its errors, where the first call's would name another collective."""
 
         def body():
             for *args, desc in calls:
                 self._state.desc = desc
                 step(*args, desc)
 
-        return self._launch(calls[0][-1] if calls else descriptors.descriptor(descriptors.BARRIER), body, result, opts,
-                            inputs)
+        if whole is None:
+            whole = calls[0][-1] if calls else descriptors.descriptor(descriptors.BARRIER)
+        return self._launch(whole, body, result, opts, inputs)
 
     # -- reductions ----------------------------------------------------------
 
@@ -422,7 +424,8 @@ class Collectives:
             self._placement.reduce(output, root, red, desc)
             red.finish(output)
 
-        return self._launch_each(calls, reduce, [output], opts, list(inputs))
+        whole = descriptors.descriptor(descriptors.REDUCE_SCATTER, red.view(output).numel(), red.dtype.code, red.code)
+        return self._launch_each(calls, reduce, [output], opts, list(inputs), whole)
 
     def reduce_scatter_single(self, output, input, opts=None):
         # all_reduce's fast path (see there) for FSDP2's gradient reduce-scatters and tensor-parallel
