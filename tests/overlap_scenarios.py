@@ -1,5 +1,6 @@
 """Collectives whose input and output overlap: the input a block of the output (FSDP's in-place all_gather),
-the input also an output, the output inside the input (on every rank or on some): a correct result."""
+the input also an output, the output inside the input (on every rank or on some): a correct result, on one node
+and across nodes."""
 from __future__ import annotations
 
 import torch
@@ -10,6 +11,8 @@ from tests.references import assert_equal, make_data, make_input, reference_redu
 OVERLAP_COUNTS = (1, 7, 5003)
 INPUT_BLOCKS = ("own", "another")  # which block of an all_gather's output is its input: this rank's, the next's
 OUTPUT_LAYOUTS = ("every_ranks", "even_ranks", "next_block")  # where a reduce_scatter's output is in its input
+# Across nodes a block of 512 KiB is still being sent when the peers' blocks arrive (one of a few KiB has left).
+ALL_TO_ALL_COUNTS = OVERLAP_COUNTS + (1 << 17,)
 
 
 def in_place_overlap(cases):
@@ -56,6 +59,8 @@ def in_place_overlap(cases):
                 assert_equal(out, reference_reduce(inputs, "sum", torch.float32)[rank * count:(rank + 1) * count], case)
 
             cases.run(case, scatter_in_place)
+
+    for count in ALL_TO_ALL_COUNTS:
         case = f"overlap/all_to_all_single/even_ranks/n={count}"
 
         def all_to_all_in_place_on_some():
@@ -66,9 +71,21 @@ def in_place_overlap(cases):
             assert_equal(out, torch.cat([inputs[r][rank * count:(rank + 1) * count] for r in range(world)]), case)
 
         cases.run(case, all_to_all_in_place_on_some)
+        case = f"overlap/all_to_all/even_ranks/n={count}"
+
+        def all_to_all_list_in_place_on_some():
+            inputs = [make_data(case, r, torch.float32, world * count) for r in range(world)]
+            blocks = list(inputs[rank].clone().chunk(world))
+            outs = blocks if rank % 2 == 0 else [torch.zeros(count) for _ in range(world)]
+            dist.all_to_all(outs, blocks)
+            for r in range(world):
+                assert_equal(outs[r], inputs[r][rank * count:(rank + 1) * count], f"{case} from {r}")
+
+        cases.run(case, all_to_all_list_in_place_on_some)
 
 
 def in_place_overlap_cases() -> int:
     """How many cases ``in_place_overlap`` runs on each rank: per size, an all_gather into each block, one into
-    its input, a reduce_scatter of each layout and an all_to_all_single in place on some ranks."""
-    return len(OVERLAP_COUNTS) * (len(INPUT_BLOCKS) + 1 + len(OUTPUT_LAYOUTS) + 1)
+    its input, a reduce_scatter of each layout and an all_to_all_single and an all_to_all in place on some
+    ranks."""
+    return len(OVERLAP_COUNTS) * (len(INPUT_BLOCKS) + 1 + len(OUTPUT_LAYOUTS)) + len(ALL_TO_ALL_COUNTS) * 2

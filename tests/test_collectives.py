@@ -75,9 +75,10 @@ def test_lifecycle(world_size):
     assert shm_entries() - before == set()
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_in_place_overlap(world_size):
-    result = spawn("tests.overlap_scenarios:in_place_overlap", world_size, env=SMALL_CHUNKS)
+@pytest.mark.parametrize("layout", [[0, 0], [0, 0, 0], [0, 0, 1], [0, 1, 1, 1]], ids=["2", "3", "2+1", "1+3"])
+def test_in_place_overlap(layout):
+    result = spawn("tests.overlap_scenarios:in_place_overlap", len(layout), env=SMALL_CHUNKS,
+                   rank_env=lambda rank: {"SHMCOLL_HOSTID": f"node{layout[rank]}"})
     assert_job_passes(result, min_cases=overlap_scenarios.in_place_overlap_cases())
 
 

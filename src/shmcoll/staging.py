@@ -21,6 +21,18 @@ def unstage(tensor: torch.Tensor, staged_tensor: torch.Tensor) -> None:
         tensor.copy_(staged_tensor)
 
 
+def apart(sources: list[torch.Tensor], targets: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``sources`` (contiguous), or copies of them where a target's memory overlaps one: for the paths on which
+    peers read this rank's inputs while it writes its outputs (single copy, messages between nodes). (Copies,
+    not another path: the path must be the same on every rank, and only this one knows its tensors overlap.)"""
+    return [t.clone() if any(_overlap(t, out) for out in targets) else t for t in sources]
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory of two contiguous tensors overlaps."""
+    return a.data_ptr() < b.data_ptr() + b.nbytes and b.data_ptr() < a.data_ptr() + a.nbytes
+
+
 def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor's bytes, as a flat uint8 view. torch calls a tensor of at most one element contiguous
     whatever its stride (``t[::2]`` of two elements has stride 2), and keeps that stride in its flat views,

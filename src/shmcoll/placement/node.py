@@ -17,7 +17,7 @@ from shmcoll.algorithms import allgather, allreduce, alltoall, barrier, broadcas
 from shmcoll.p2p import PointToPoint, Recv, Send
 from shmcoll.placement import copy_path
 from shmcoll.placement.whole import allgather_whole
-from shmcoll.staging import staged, staged_empty, unstage
+from shmcoll.staging import apart, staged, staged_empty, unstage
 
 
 # Where reading the peers' buffers (single copy) beat the copy path through the arena: (least, most) bytes
@@ -59,18 +59,6 @@ def single_copy_spans(verdict, mode: str) -> dict:
 
 def _span(least: int, most: int | None) -> str:
     return f"from {least >> 10} KiB" + (f" to {most >> 10} KiB" if most is not None else "")
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the memory of two contiguous tensors overlaps."""
-    return a.data_ptr() < b.data_ptr() + b.nbytes and b.data_ptr() < a.data_ptr() + a.nbytes
-
-
-def _apart(sources: list[torch.Tensor], targets: list[torch.Tensor]) -> list[torch.Tensor]:
-    """``sources``, or copies of them where a target overlaps one: the peers read a single-copy collective's
-    inputs while this rank writes its outputs. (Copies, not the copy path: the path must be the same on every
-    rank, and only this one knows its tensors overlap.)"""
-    return [t.clone() if any(_overlap(t, out) for out in targets) else t for t in sources]
 
 
 class CompiledPaths(NamedTuple):
@@ -266,7 +254,7 @@ class OneNode(OnArena):
         addr, into, block, itemsize = source.data_ptr(), target.data_ptr(), out.numel(), out.element_size()
         if self._single_copy("reduce_scatter", block * itemsize):
             if into != addr + self.arena.local_rank * block * itemsize:  # our block in place: only we read it
-                source, = _apart([source], [target])
+                source, = apart([source], [target])
             reduce_scatter.single_copy(self.arena, source.data_ptr(), block, itemsize, red.kernel, red.op.kernel,
                                        red.scale, into, desc, self._single_copy_lanes(block * itemsize))
             return unstage(out, target)
@@ -296,7 +284,7 @@ class OneNode(OnArena):
             # Our own output may be the input itself (in place), which the schedule leaves alone.
             me = self.arena.local_rank
             others = targets[:me] + targets[me + 1:]
-            source, = _apart([source], others if targets[me].data_ptr() == source.data_ptr() else targets)
+            source, = apart([source], others if targets[me].data_ptr() == source.data_ptr() else targets)
             allgather.single_copy_each(self.arena, source.data_ptr(), source.nbytes, [t.data_ptr() for t in targets],
                                        desc, self._single_copy_lanes(source.nbytes))
         else:
@@ -314,7 +302,7 @@ class OneNode(OnArena):
         addr, out = source.data_ptr(), target.data_ptr()
         if self._single_copy("all_gather", nbytes):
             if addr != out + self.arena.local_rank * nbytes:  # in place (our block) the schedule leaves alone
-                source, = _apart([source], [target])
+                source, = apart([source], [target])
                 addr = source.data_ptr()
             allgather.single_copy(self.arena, addr, nbytes, out, nbytes, desc, self._single_copy_lanes(nbytes))
             return unstage(output, target)
@@ -363,7 +351,7 @@ class OneNode(OnArena):
         targets = [staged_empty(t) for t in outputs]
         single = self._single_copy_alltoall()
         if single:
-            sources = _apart(sources, targets)
+            sources = apart(sources, targets)
         send = [(t.data_ptr(), t.nbytes) for t in sources]
         recv = [(t.data_ptr(), t.nbytes) for t in targets]
         if single:
@@ -379,7 +367,7 @@ class OneNode(OnArena):
         target = staged_empty(output)
         single = self._single_copy_alltoall()
         if single:
-            source, = _apart([source], [target])
+            source, = apart([source], [target])
         base_in, base_out = source.data_ptr(), target.data_ptr()
         send = [(base_in + off, n) for off, n in in_blocks]
         recv = [(base_out + off, n) for off, n in out_blocks]

@@ -39,7 +39,7 @@ from shmcoll.placement.across.shape import Shape
 from shmcoll.placement.flat import Flat
 from shmcoll.placement.node import OnArena
 from shmcoll.placement.whole import allgather_whole
-from shmcoll.staging import flat_bytes, staged_empty, unstage
+from shmcoll.staging import apart, flat_bytes, staged_empty, unstage
 
 
 def _gives_up_on_failure(plan):
@@ -144,7 +144,8 @@ class Nodes(OnArena):
     @_gives_up_on_failure
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], desc: int) -> None:
         targets = [staged_empty(t) for t in outputs]
-        _alltoall.alltoall(self.shape, self.links, self.alltoall_agreed, [flat_bytes(t.contiguous()) for t in inputs],
+        sources = apart([t.contiguous() for t in inputs], targets)  # as in alltoall_single
+        _alltoall.alltoall(self.shape, self.links, self.alltoall_agreed, [flat_bytes(t) for t in sources],
                            [flat_bytes(t) for t in targets], desc)
         for out, target in zip(outputs, targets):
             unstage(out, target)
@@ -153,7 +154,10 @@ class Nodes(OnArena):
     def alltoall_single(self, output: torch.Tensor, input: torch.Tensor, out_blocks, in_blocks, desc: int) -> None:
         """``out_blocks``/``in_blocks``: (byte offset, byte count) of each rank's block."""
         target = staged_empty(output)
-        source, received = flat_bytes(input.contiguous()), flat_bytes(target)
+        # Blocks leave for other nodes while this rank's arrive: an input that is also the output (in place)
+        # would be overwritten before it is sent.
+        source, = apart([input.contiguous()], [target])
+        source, received = flat_bytes(source), flat_bytes(target)
         sends = [source[off:off + n] for off, n in in_blocks]
         _alltoall.alltoall(self.shape, self.links, self.alltoall_agreed, sends,
                            [received[off:off + n] for off, n in out_blocks], desc)
