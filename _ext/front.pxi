@@ -95,7 +95,7 @@ cdef class SmallCollectives:
     cdef Backlog backlog  # the group's progress engine's: a call runs here only with nothing before it
     cdef DebugSwitch debug  # where DEBUG is on, the general path logs each collective
     cdef StepCount steps  # the arena's Steps: step (last posted) and all_reached
-    cdef object tensor_type, strided, error_type, profiling, barrier_options
+    cdef object tensor_type, strided, failed, profiling, barrier_options
     cdef object completed_type, shared_completed, wrappers
     cdef uint64_t barrier_desc
     cdef tuple kinds, options  # per collective (the order above): its descriptor kind, its options' type
@@ -127,7 +127,7 @@ cdef class SmallCollectives:
     def __init__(self, *, GroupState state, Backlog backlog, DebugSwitch debug, steps, Schedule schedule,
                  dict plans, tuple kinds, tuple options, tuple limits, int count_shift, Py_ssize_t async_try_bytes,
                  Py_ssize_t one_step_bytes, allreduce_route, lanes, Py_ssize_t align_bytes,
-                 finish_one_shot, finish_run, finish_barrier, finish_later, tensor_type, strided, error_type,
+                 finish_one_shot, finish_run, finish_barrier, finish_later, tensor_type, strided, failed,
                  profiling, barrier_options, uint64_t barrier_desc, option_offsets, completed_type,
                  shared_completed, wrappers, tuple size_tables, alltoall_sizes_error):
         self.blocks = <uintptr_t *>malloc(schedule.s.size * sizeof(uintptr_t))
@@ -172,7 +172,7 @@ cdef class SmallCollectives:
         self.alltoall_sizes_error = alltoall_sizes_error
         self.tensor_type = tensor_type
         self.strided = strided
-        self.error_type = error_type  # the errors that make the group unusable (ShmcollError)
+        self.failed = failed  # (error): what a call that raised tells the group (``Collectives._failed``)
         self.profiling = profiling  # whether a profiler is on: the general path records the event
         self.barrier_options = barrier_options  # the barrier's options type and its (only) descriptor
         self.barrier_desc = barrier_desc
@@ -325,8 +325,7 @@ cdef class SmallCollectives:
         try:
             finish(*args)
         except Exception as error:
-            if isinstance(error, self.error_type):
-                self.state.error = error
+            self.failed(error)
             raise
         finally:
             self.state.in_collective = False

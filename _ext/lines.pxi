@@ -9,7 +9,7 @@ cimport arch
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
-from schedule cimport _LINE, _DESC, _PID, _CPU, _ADDRESS  # the control line's layout
+from schedule cimport _LINE, _DESC, _PID, _CPU, _ADDRESS, _STANDING  # the control line's layout
 
 
 cdef inline uint32_t *_step_word(uintptr_t lines, int rank) noexcept nogil:

@@ -7,14 +7,16 @@ from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
 
 # A control line (one per rank, 128 bytes): the step word (uint32) at 0, the count of its sleepers at 4,
 # four descriptor slots (uint64, step % 4) from 8, the rank's pid (int32) at 48, the CPU it last waited on
-# where ranks outnumber cores (uint32) at 52, and four buffer-address slots (uint64, step % 4; single copy)
-# from 56 to 88.
+# where ranks outnumber cores (uint32) at 52, four buffer-address slots (uint64, step % 4; single copy)
+# from 56 to 88, and the rank's standing in the group (uint32) at 88: 0 while it takes part, 1 once it gave up
+# mid-collective, 2 once it closed the group (it takes no step again after either; shmcoll.arena says them).
 cdef enum:
     _LINE = 128
     _DESC = 8
     _PID = 48
     _CPU = 52
     _ADDRESS = 56
+    _STANDING = 88
 
 # A reduction kernel (shmcoll.kernel_abi), called by address without the GIL:
 # out = first op rows[0] op ... op rows[nrows - 1], n elements each, rows row_stride elements apart.

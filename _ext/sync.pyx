@@ -36,6 +36,7 @@ cdef extern from "<errno.h>" nogil:
 # The control line's layout (schedule.pxd), for the arena's Python side.
 LINE_BYTES = _LINE
 PID_OFFSET = _PID
+STANDING_OFFSET = _STANDING
 
 
 def post(uintptr_t lines, int rank, uint32_t step, uint64_t desc):

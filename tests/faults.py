@@ -341,6 +341,45 @@ def window_consumer_fails(rank: Rank, failing: int, timeout: float):
         dist.destroy_process_group()
 
 
+def late_after_timeout(rank: Rank, late: int, timeout: float, numel: int):
+    """Rank ``late`` reaches an all_reduce after the others timed out in it and gave up, then calls another:
+    it must learn that they gave up (within a slice or two), not wait out the timeout for them."""
+    rank.init(timeout=timeout)
+    dist.all_reduce(torch.ones(8))
+    if rank.rank == late:
+        time.sleep(timeout + 1.5)
+    start = time.monotonic()
+    try:
+        for _ in range(2):  # the late one's first may find every input there already, and end
+            dist.all_reduce(torch.ones(numel))
+        rank.report["returned_after"] = time.monotonic() - start
+    except Exception as error:
+        rank.report["error"] = error_record(error, start)
+    rank.save()
+    time.sleep(timeout + 1.5 if rank.rank != late else 0)  # alive: a dead peer would be found another way
+    dist.destroy_process_group()
+
+
+def destroy_beside_unmatched(rank: Rank, lonely: int, timeout: float):
+    """Rank ``lonely`` issues an asynchronous all_reduce that no peer issues, and everyone destroys the group
+    at once: the peers' destroy returns, so the lonely rank's wait must learn that they closed the group,
+    not wait out the timeout, and its Work fail saying so."""
+    rank.init(timeout=timeout)
+    dist.barrier()
+    work = dist.all_reduce(torch.ones(1000), async_op=True) if rank.rank == lonely else None
+    start = time.monotonic()
+    dist.destroy_process_group()
+    rank.report["destroyed_after"] = time.monotonic() - start
+    if work is not None:
+        try:
+            work.wait()
+        except Exception as error:
+            rank.report["error"] = error_record(error, start)
+    rank.save()
+    if rank.rank != lonely:
+        time.sleep(timeout + 1)  # alive, having left the group: not a dead peer
+
+
 # -- 3. leaks -----------------------------------------------------------------
 
 def churn(rank: Rank, iters: int = 20, timeout: float = 3, numels=(2, 70_000), victim: int | None = None,
@@ -679,8 +718,10 @@ def small_shm(rank: Rank, timeout: float = 60):
         rank.report["error"] = error_record(error, start)
 
 
-SCENARIOS = {fn.__name__: fn for fn in (dead_peer, missing_rank, ddp_missing_rank, window_consumer_fails, churn, targeted_kill, normal_exit, user_exception,
-                                        torchrun_rank, mismatch, bad_input, reinit, small_shm)}
+SCENARIOS = {fn.__name__: fn for fn in (dead_peer, missing_rank, ddp_missing_rank, window_consumer_fails,
+                                        late_after_timeout, destroy_beside_unmatched, churn, targeted_kill,
+                                        normal_exit, user_exception, torchrun_rank, mismatch, bad_input, reinit,
+                                        small_shm)}
 
 if __name__ == "__main__":
     sys.exit(main())

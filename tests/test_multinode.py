@@ -193,7 +193,7 @@ NODE_STAGES_ON_LANES = {**SMALL_CHUNKS, "SHMCOLL_SEGMENT_BYTES": "65536", "SHMCO
     ("2+2", 1, "all_reduce", NODE_STAGES_ON_LANES,
      {0: "rank(s) 1 died", 2: "on rail 0 (ranks 0, 2) failed", 3: "on rail 1 (ranks 1, 3) failed"}),
     # rank 0's exchange with the other leader fails; rank 1, waiting in the node barrier for rank 0 (alive), is told at once.
-    ("2+2", 2, "barrier", SMALL_CHUNKS, {0: "on the leaders' link (ranks 0, 2) failed", 1: "rank 0 gave up",
+    ("2+2", 2, "barrier", SMALL_CHUNKS, {0: "on the leaders' link (ranks 0, 2) failed", 1: "rank(s) 0 gave up",
                                          3: "rank(s) 2 died"}),
     # rank 0 gives up in its node stage with the next segment's Gloo broadcast from rank 3 in flight: rank 3 is
     # told at once, not at Gloo's timeout (the failed plan's works no longer hold the connection open).

@@ -341,9 +341,39 @@ def test_a_window_consumer_failing_on_one_rank_fails_the_others_quickly():
     assert failed is not None and "the consumer failed" in failed["error"]["message"], job.logs()
     for r in (0, 2):
         err = job.report(r)["error"]
-        assert err["type"] == "PeerGaveUpError" and "rank 1 gave up" in err["message"], err
+        assert err["type"] == "PeerGaveUpError" and "rank(s) 1 gave up" in err["message"], err
         assert err["elapsed"] < 2.0, err  # a slice or two, not the 30 s timeout
     assert all(job.exitcode(r) == 0 for r in range(3)), job.logs()
+    assert job.leftovers() == []
+
+
+@pytest.mark.parametrize("numel", [1000, 1 << 22], ids=["4KB", "16MB"])
+def test_a_rank_late_after_the_others_timed_out_learns_they_gave_up(numel):
+    """The ranks that timed out leave the collective part-way: the late rank's wait must say so within a slice
+    or two, naming the rank that gave up, not wait out the timeout and call it "did not reach it"."""
+    timeout = 4
+    job = Job("late_after_timeout", 2, args={"late": 1, "timeout": timeout, "numel": numel})
+    job.finish(3 * timeout + 30)
+    first = job.report(0)["error"]
+    assert first["type"] == "PeerTimeoutError", first
+    late = job.report(1)
+    assert "error" in late, f"the late rank returned after {late.get('returned_after')} s"
+    assert late["error"]["type"] == "PeerGaveUpError" and "rank(s) 0 gave up" in late["error"]["message"], late
+    assert late["error"]["elapsed"] < 2.0, late  # a slice or two, not the timeout
+    assert all(job.exitcode(r) == 0 for r in range(2)), job.logs()
+    assert job.leftovers() == []
+
+
+def test_destroy_returns_when_the_peers_left_an_unmatched_collective():
+    timeout = 30
+    job = Job("destroy_beside_unmatched", 2, args={"lonely": 0, "timeout": timeout})
+    job.finish(timeout + 30)
+    lonely = job.report(0)
+    assert lonely["destroyed_after"] < 2.0, lonely  # not the 30 s timeout
+    assert lonely["error"]["type"] == "PeerLeftError" and "rank(s) 1 closed the group" in lonely["error"]["message"], \
+        lonely
+    assert job.report(1)["destroyed_after"] < 2.0
+    assert all(job.exitcode(r) == 0 for r in range(2)), job.logs()
     assert job.leftovers() == []
 
 

@@ -13,14 +13,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shmcoll._registration import BACKEND_NAME, register_backend
-from shmcoll.errors import CollectiveError, PeerDiedError, PeerGaveUpError, PeerTimeoutError, ShmcollError
+from shmcoll.errors import (CollectiveError, PeerDiedError, PeerGaveUpError, PeerLeftError, PeerTimeoutError,
+                            ShmcollError)
 
 if TYPE_CHECKING:
     from shmcoll.process_group import ProcessGroupShm
 
 __version__ = "0.1.0"
-__all__ = ["BACKEND_NAME", "CollectiveError", "PeerDiedError", "PeerGaveUpError", "PeerTimeoutError",
-           "ProcessGroupShm", "ShmcollError", "register_backend", "__version__"]
+__all__ = ["BACKEND_NAME", "CollectiveError", "PeerDiedError", "PeerGaveUpError", "PeerLeftError",
+           "PeerTimeoutError", "ProcessGroupShm", "ShmcollError", "register_backend", "__version__"]
 
 register_backend()
 

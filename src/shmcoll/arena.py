@@ -42,16 +42,16 @@ import numpy as np
 from shmcoll import _schedules, _segment, _single_copy, _state, _sync
 from shmcoll import descriptors, streaming, waits
 from shmcoll.errors import AttachError, CollectiveError, PeerAttachError, PeerDiedError, ShmcollError
-from shmcoll.waits import STEP_MASK
+from shmcoll.waits import GAVE_UP, IN_GROUP, LEFT, STEP_MASK
 
 MAGIC = 0x324C4C4F434D4853  # "SHMCOLL2" little-endian: the header below
 HEADER_BYTES = 256
 # uint64 words of the header. The creator writes what the layout was derived from, and every rank
 # that maps the segment checks it against what it derived itself (``_check_header``).
-MAGIC_WORD, LOCAL_SIZE_WORD, CHUNK_WORD, P2P_WORD, SIZE_WORD, LANES_WORD = 0, 1, 2, 4, 5, 6
+MAGIC_WORD, LOCAL_SIZE_WORD, CHUNK_WORD, P2P_WORD, SIZE_WORD, LANES_WORD = 0, 1, 2, 3, 4, 5
 LINE_BYTES = _sync.LINE_BYTES
 PID_OFFSET = _sync.PID_OFFSET  # of a rank's pid in its control line (_ext/schedule.pxd has the line's layout)
-ABANDONED_WORD = 3  # uint64 of the header: 1 + the group rank that gave up mid-collective, else 0
+STANDING_OFFSET = _sync.STANDING_OFFSET  # of a rank's standing in the group (waits.IN_GROUP ...) in its control line
 PAGE = 4096
 NAME_PREFIX = "shmcoll-"
 
@@ -235,7 +235,7 @@ class Arena(Steps):
         self._line_words = self._raw[HEADER_BYTES:HEADER_BYTES + local_size * LINE_BYTES].view(np.int32)
         self._header = self._raw[:HEADER_BYTES].view(np.uint64)
         self.describe = None  # set by the group: () -> text naming the collective in progress, for errors
-        self.watch = waits.Watch(local_rank, ranks, self.timeout_s, self.pid, self._abandoned_by)
+        self.watch = waits.Watch(local_rank, ranks, self.timeout_s, self.pid, self.standing)
         self._lanes: list = []  # the lanes' schedules (lane_schedules), once asked for
         self.single_copy = None  # the single-copy schedules, once the node agreed to use them
         # The least all-gather output per rank its schedules write with streaming stores (this rank's decision:
@@ -314,16 +314,21 @@ class Arena(Steps):
     def abandon(self) -> None:
         """Tell the local ranks that this one gives up mid-collective (its next steps will never come).
 
-        Their waits check it once per slice, so they raise within a fraction of a
-        second instead of waiting out the timeout for a rank that is alive.
+        Their waits for it check its standing once per slice, so they raise within a fraction of a second
+        instead of waiting out the timeout for a rank that is alive.
         """
-        if self._header is not None:
-            self._header[ABANDONED_WORD] = self.ranks[self.local_rank] + 1
+        self._stand(GAVE_UP)
 
-    def _abandoned_by(self) -> int | None:
-        """The group rank that gave up mid-collective (``abandon``), if one did."""
-        gave_up = int(self._header[ABANDONED_WORD]) if self._header is not None else 0
-        return gave_up - 1 if gave_up else None
+    def _stand(self, standing: int) -> None:
+        """Post this rank's standing, once: the first (why it takes no further step) is what the peers name."""
+        if self._line_words is not None:
+            word = (self.local_rank * LINE_BYTES + STANDING_OFFSET) // 4
+            if self._line_words[word] == IN_GROUP:
+                self._line_words[word] = standing
+
+    def standing(self, local_rank: int) -> int:
+        """``local_rank``'s standing in the group: IN_GROUP, GAVE_UP (``abandon``) or LEFT (``close``)."""
+        return int(self._line_words[(local_rank * LINE_BYTES + STANDING_OFFSET) // 4])
 
     def exited_peers(self) -> list[int]:
         """The group ranks of the local peers whose process has exited (``waits.process_alive``), whatever
@@ -339,7 +344,9 @@ class Arena(Steps):
         self._line_words[(self.local_rank * LINE_BYTES + PID_OFFSET) // 4] = os.getpid()
 
     def close(self) -> None:
-        """Drop this rank's mapping (views first, so the unmap happens now)."""
+        """Tell the local ranks that this one left the group (a peer still waiting for a step of ours would wait
+        for it until the timeout), then drop this rank's mapping (views first, so the unmap happens now)."""
+        self._stand(LEFT)
         self._views.clear()
         self._raw = self._line_words = self._header = None
         self.segment.close()

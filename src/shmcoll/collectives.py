@@ -137,7 +137,7 @@ class Collectives:
             allreduce_route=paths.allreduce_route, lanes=paths.lanes, align_bytes=lanes_module.ALIGN_BYTES,
             finish_one_shot=allreduce_algorithm.finish_one_shot,
             finish_run=schedule_driver.finish_run, finish_barrier=barrier_algorithm.finish,
-            finish_later=self._finish_later, tensor_type=_Tensor, strided=_STRIDED, error_type=ShmcollError,
+            finish_later=self._finish_later, tensor_type=_Tensor, strided=_STRIDED, failed=self._failed,
             profiling=profiling.active, barrier_options=_BarrierOptions,
             barrier_desc=descriptors.descriptor(descriptors.BARRIER), option_offsets=option_fields.offsets,
             completed_type=CompletedWork, shared_completed=self._engine.shared_completed,
@@ -198,12 +198,21 @@ class Collectives:
         try:
             body()
         except ShmcollError as error:
-            self._state.error = error
+            self._failed(error)
             raise
         finally:
             self._state.in_collective = False
             if event is not None:
                 profiling.end(event)
+
+    def _failed(self, error: BaseException) -> None:
+        """A collective of ours raised ``error``. A ShmcollError leaves it part-way (a peer died, timed out, gave
+        up, or disagrees): the group refuses every later call, and the local peers learn that this rank takes
+        no further step (``abandon``), or they would wait for it until the timeout. Another error (bad input,
+        found before any step) changes nothing."""
+        if isinstance(error, ShmcollError):
+            self._state.error = self._state.error or error
+            self._placement.abandon()
 
     def _launch(self, desc: int, body, result, opts, inputs=None):
         """Run ``body()`` as collective ``desc`` in issue order; return its Work (with ``result``). ``inputs``: its

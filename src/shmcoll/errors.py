@@ -22,6 +22,11 @@ class PeerGaveUpError(ShmcollError):
     collective cannot complete on this rank either."""
 
 
+class PeerLeftError(ShmcollError):
+    """A local peer this rank was waiting for closed the group (destroy_process_group, abort()) without
+    reaching the collective or transfer, so it never will."""
+
+
 class AbortedError(ShmcollError):
     """The group was aborted (``abort()``) while this rank waited in a collective."""
 

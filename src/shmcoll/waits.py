@@ -10,7 +10,8 @@ slice ends with the peers still behind, the wait comes back to Python, to
   aborted    ``abort()`` was called on the group (from any thread): raise now
   dead       an awaited peer's process exited (a zombie counts as dead: a
              launcher that reaps its ranks in order leaves one looking alive)
-  abandoned  a local peer gave up mid-collective after an error of its own
+  gave up    an awaited peer gave up mid-collective after an error of its own
+  left       an awaited peer closed the group (destroy_process_group, abort())
   timed out  the group's timeout passed since the wait began
   slow       warn (WARNING log) after 10 s, or a third of the timeout, then
              each time the wait doubles
@@ -26,12 +27,17 @@ from typing import NamedTuple
 
 from shmcoll import _sync
 from shmcoll._logging import first_wait_warning, log
-from shmcoll.errors import AbortedError, PeerDiedError, PeerGaveUpError, PeerTimeoutError
+from shmcoll.errors import AbortedError, PeerDiedError, PeerGaveUpError, PeerLeftError, PeerTimeoutError
 
 # How long one wait call may block before Python checks deadline, liveness and abort.
 SLICE_NS = 100_000_000
 # Step words are 32 bits (the futex word); Python counts steps in unbounded integers and hands C their low bits.
 STEP_MASK = 0xFFFFFFFF
+
+# A rank's standing in its group, which it posts in its control line (``Arena.abandon``, ``Arena.close``): it takes
+# part; it gave up mid-collective after an error; it closed the group. After either of the last two it takes no
+# further step, and a peer that waits for one raises (``Watch.check``).
+IN_GROUP, GAVE_UP, LEFT = 0, 1, 2
 
 
 class Budgets(NamedTuple):
@@ -147,17 +153,17 @@ def names(ranks: list[int], local_ranks) -> str:
 class Watch:
     """The checks between slices of every wait on one arena's peers.
 
-    ``pid(local_rank)`` gives a peer's process id, ``abandoned()`` the group rank
-    that gave up mid-collective (or None), ``ranks`` the group rank of each
-    local rank.
+    ``pid(local_rank)`` gives a peer's process id, ``standing(local_rank)`` its
+    standing in the group (``IN_GROUP``, ``GAVE_UP``, ``LEFT``), ``ranks`` the
+    group rank of each local rank.
     """
 
-    def __init__(self, me: int, ranks: list[int], timeout_s: float, pid, abandoned):
+    def __init__(self, me: int, ranks: list[int], timeout_s: float, pid, standing):
         self.me = me
         self.ranks = ranks
         self.timeout_s = timeout_s
         self._pid = pid
-        self._abandoned = abandoned
+        self._standing = standing
         self.aborted: str | None = None  # why the group was aborted; set from any thread
 
     def abort(self, why: str) -> None:
@@ -171,18 +177,24 @@ class Watch:
     def check(self, behind, waited_s: float, what: str, warn_after: float) -> float:
         """Raise if waiting for local ranks ``behind`` for ``waited_s`` seconds in ``what`` must stop;
         else log when the wait is long. Returns when to warn next (pass it back in)."""
-        # Read before the abort flag: abort() sets the flag, then the abandoned word (Arena.abort), so a rank
-        # that aborted from another thread meanwhile is seen as aborted, not as a peer that gave up.
-        gave_up = self._abandoned()
         self.raise_if_aborted(what)
+        me = self.ranks[self.me]
         dead = [r for r in behind if not process_alive(self._pid(r))]
         if dead:
             raise PeerDiedError(f"rank(s) {names(self.ranks, dead)} died (process exited) before reaching "
-                                f"{what}; rank {self.ranks[self.me]} was waiting for them")
-        if gave_up is not None:
-            raise PeerGaveUpError(f"rank {gave_up} gave up on {what} after an error (see its message), so its "
-                                 f"node's shared-memory steps cannot complete; rank {self.ranks[self.me]} was "
-                                 f"waiting for it")
+                                f"{what}; rank {me} was waiting for them")
+        # Only the awaited ranks' standing: one that gave up while this rank waits for another (both waiting for
+        # a missing rank, the first to time out gives up) is named when this rank waits for it, if ever.
+        standing = {r: self._standing(r) for r in behind}
+        gave_up = [r for r in behind if standing[r] == GAVE_UP]
+        if gave_up:
+            raise PeerGaveUpError(f"rank(s) {names(self.ranks, gave_up)} gave up mid-collective after an error "
+                                  f"(see its message) and take no further step, so {what} cannot complete; "
+                                  f"rank {me} was waiting for them")
+        left = [r for r in behind if standing[r] == LEFT]
+        if left:
+            raise PeerLeftError(f"rank(s) {names(self.ranks, left)} closed the group (destroy_process_group or "
+                                f"abort()) without reaching {what}; rank {me} was waiting for them")
         if waited_s >= self.timeout_s:
             arrived = [r for r in range(len(self.ranks)) if r not in behind]
             there = f"; rank(s) {names(self.ranks, arrived)} reached it" if arrived else ""

@@ -17,6 +17,7 @@ Each offers the same methods, with the same arguments::
   alltoall(outputs, inputs, desc)             alltoall_single(output, input, out_blocks, in_blocks, desc)
   barrier(desc)                               send(tensor, dst, tag) -> Work;  recv(tensor, src | None, tag) -> Work
   set_background(on)      abort(why): waits in progress raise within a slice      close()      summary() -> lines
+  abandon(): this rank takes no further step (a collective failed part-way): its local peers' waits raise
   one_shot_bytes: all-reduces up to this size may call one_shot(tensor, count, red, desc) (0: no such path)
   compiled_paths() -> node.CompiledPaths | None: what the group's compiled small collectives and transfers
       (shmcoll._front.SmallCollectives, shmcoll._p2p.SmallTransfers) run on, where they run (OneNode):

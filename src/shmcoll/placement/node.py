@@ -94,6 +94,12 @@ class OnArena:
         if self.arena is not None:
             self.arena.abort(why)
 
+    def abandon(self) -> None:
+        """This rank takes no further step in the group (a collective of its failed part-way): the local peers'
+        waits raise within a slice (``Arena.abandon``) instead of at the timeout."""
+        if self.arena is not None:
+            self.arena.abandon()
+
     def _close_arena(self) -> None:
         """Unmap the arena: every later use raises."""
         if self.arena is not None:

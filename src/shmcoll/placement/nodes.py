@@ -46,7 +46,7 @@ def _gives_up_on_failure(plan):
     """A plan that fails part-way (a Gloo call between nodes, a dead or mismatched local peer)
     leaves its node's arena and its Gloo groups mid-collective: no later step on them can be trusted.
 
-    So it tells the local ranks (the arena's abandoned word) and lets go of this rank's Gloo
+    So it tells the local ranks (its standing in the arena: gave up) and lets go of this rank's Gloo
     groups and of the plan's Gloo works, whose peers on other nodes then fail at once ("connection
     closed") instead of at the timeout, and raises a ShmcollError, after which the backend refuses every collective. Its message
     ends with the cause where that is another rank's failure (``Nodes.give_up``): what a rank sees of
@@ -212,8 +212,7 @@ class Nodes(OnArena):
         return self.causes.give_up(error, took_s, self._let_go)
 
     def _let_go(self) -> None:
-        if self.arena is not None:
-            self.arena.abandon()
+        self.abandon()
         self.links.drop()
         self.flat.drop()
 

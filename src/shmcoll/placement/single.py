@@ -67,6 +67,9 @@ class SingleRank:
     def abort(self, why: str) -> None:
         pass  # nothing ever waits
 
+    def abandon(self) -> None:
+        pass  # no peer waits for this rank
+
     def close(self) -> None:
         pass
 

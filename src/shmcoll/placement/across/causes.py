@@ -1,7 +1,7 @@
 """Why a group across nodes failed, as its ranks tell one another through the group's store.
 
-A rank whose plan fails gives up (``nodes._gives_up_on_failure``): it sets its
-node arena's abandoned word and lets go of its Gloo groups. What the others see
+A rank whose plan fails gives up (``nodes._gives_up_on_failure``): it posts in its
+node arena that it gave up and lets go of its Gloo groups. What the others see
 of that says nothing of the cause: a node mate sees that the rank gave up
 (``PeerGaveUpError``), a peer on another node that their connection closed, as
 it would if the rank had died. Only a few ranks see a death itself: a node mate
