@@ -233,7 +233,6 @@ class Arena(Steps):
         self._raw = np.frombuffer(segment, dtype=np.uint8)
         self._views: dict[tuple[int, np.dtype], np.ndarray] = {}
         self._line_words = self._raw[HEADER_BYTES:HEADER_BYTES + local_size * LINE_BYTES].view(np.int32)
-        self._header = self._raw[:HEADER_BYTES].view(np.uint64)
         self.describe = None  # set by the group: () -> text naming the collective in progress, for errors
         self.watch = waits.Watch(local_rank, ranks, self.timeout_s, self.pid, self.standing)
         self._lanes: list = []  # the lanes' schedules (lane_schedules), once asked for
@@ -348,7 +347,7 @@ class Arena(Steps):
         for it until the timeout), then drop this rank's mapping (views first, so the unmap happens now)."""
         self._stand(LEFT)
         self._views.clear()
-        self._raw = self._line_words = self._header = None
+        self._raw = self._line_words = None
         self.segment.close()
 
 

@@ -216,10 +216,10 @@ class AsyncWork(dist.Work):
 
 class WritingBack(dist.Work):
     """The Work of a call whose outputs were stand-ins (``shmcoll.staging.resolved``: the caller's tensors are
-    lazily negated or conjugated views; or a receive's tensor is not contiguous): ``work``, the stand-ins' own, and once it is done, each stand-in copied
-    into the caller's tensor (``pairs``: (tensor, stand-in)), before anything sees it done. A call that finished
-    already is copied back at once; else the first question that finds it done does it (``wait``,
-    ``is_completed``, its future), on the thread that asks."""
+    lazily negated or conjugated views; or a receive's tensor is not contiguous): ``work``, the stand-ins' own,
+    and once it is done, each stand-in copied into the caller's tensor (``pairs``: (tensor, stand-in)), before
+    anything sees it done. A call that finished already is copied back at once; else the first question that
+    finds it done does it (``wait``, ``is_completed``, its future), on the thread that asks."""
 
     def __init__(self, work, pairs, result):
         super().__init__()
